@@ -1,0 +1,65 @@
+"""Shared output for benchmarks: a plain-text table on stdout and a JSON file with the same rows."""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+
+def machine() -> dict[str, Any]:
+    """Where a figure was measured: printed and stored with every result."""
+    import os
+
+    return {
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def median(xs: Sequence[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def p95(xs: Sequence[float]) -> float:
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, round(0.95 * (len(s) - 1))))]
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def format_table(rows: list[dict[str, Any]], columns: Sequence[str] | None = None) -> str:
+    if not rows:
+        return "(no rows)"
+    columns = list(columns or rows[0].keys())
+    cells = [[_fmt(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    line = lambda vals: "  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(vals, widths)))  # noqa: E731
+    return "\n".join([line(columns), line(["-" * w for w in widths]), *(line(r) for r in cells)])
+
+
+def report(name: str, rows: list[dict[str, Any]], out: str | Path, command: str, extra: dict | None = None,
+           columns: Sequence[str] | None = None) -> dict:
+    """Print the table and write ``out`` (JSON: command, machine, rows, extra)."""
+    result = {"benchmark": name, "command": command, "machine": machine(), "rows": rows, **(extra or {})}
+    print(format_table(rows, columns))
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2, default=str))
+    print(f"\nwrote {out}")
+    return result

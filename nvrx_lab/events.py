@@ -1,0 +1,63 @@
+"""The event stream: one JSON line per event, appended by any process of a run.
+
+The trainer writes steps, the layers write saves, commits, faults and restarts; goodput,
+plots and reports only *read* this file. Lines are written with a single ``os.write`` on an
+``O_APPEND`` descriptor, so concurrent writers on one host never interleave within a line.
+
+Every event has ``t`` (wall-clock seconds), ``kind`` and ``rank``; the rest is per kind::
+
+    {"t": 1764400000.1, "kind": "step", "rank": 0, "step": 12, "loss": 5.31, ...}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+EmitFn = Callable[..., None]
+"""What layers accept to report events: ``emit(kind, **fields)``."""
+
+
+class EventLog:
+    """Appends events to ``path``; a ``None`` path makes every ``emit`` a no-op."""
+
+    def __init__(self, path: str | os.PathLike | None, rank: int = 0):
+        self.path = Path(path) if path else None
+        self.rank = rank
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        if self.path is None:
+            return
+        event = {"t": time.time(), "kind": kind, "rank": self.rank, **fields}
+        line = (json.dumps(event, default=str) + "\n").encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+
+    __call__ = emit
+
+
+def read_events(path: str | os.PathLike, kind: str | None = None) -> list[dict]:
+    """All events of ``path`` (of one ``kind`` if given), in file order; a torn last line is skipped."""
+    return list(iter_events(path, kind))
+
+
+def iter_events(path: str | os.PathLike, kind: str | None = None) -> Iterator[dict]:
+    p = Path(path)
+    if not p.exists():
+        return
+    with p.open() as f:
+        for line in f:
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if kind is None or event.get("kind") == kind:
+                yield event

@@ -1,0 +1,123 @@
+"""Deterministic fault injection: a schedule of (rank, step, kind), each fault firing once.
+
+A schedule is written ``RANK:STEP:KIND`` comma-separated, e.g. ``1:5:exception,1:12:sigkill``,
+or generated from a seed with :func:`make_schedule`. Kinds:
+
+* ``exception`` — raise :class:`InjectedFault` (a Python error in the training step)
+* ``hang``      — sleep far past any timeout (a rank stuck in Python-level blocking code)
+* ``sigkill``   — ``SIGKILL`` to the own process (a crash that takes the interpreter)
+* ``oom``       — allocate, then raise ``MemoryError`` (a stand-in for an out-of-memory error)
+
+Which faults fired is persisted in ``state_file`` (one JSON line per fault, appended *before*
+the fault acts), so a rolled-back step does not fire the same fault again after a restart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+KINDS = ("exception", "hang", "sigkill", "oom")
+
+
+class InjectedFault(RuntimeError):
+    """The exception an ``exception`` fault raises."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    rank: int
+    step: int
+    kind: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.rank}:{self.step}:{self.kind}"
+
+
+def parse_schedule(spec: str) -> list[Fault]:
+    """``"1:5:exception,0:9:hang"`` → faults; a clear ``ValueError`` names the bad entry."""
+    faults = []
+    for entry in filter(None, (e.strip() for e in spec.split(","))):
+        parts = entry.split(":")
+        if len(parts) != 3:
+            raise ValueError(f"--faults entry {entry!r}: expected RANK:STEP:KIND, e.g. 1:5:exception")
+        rank, step, kind = parts
+        if not (rank.isdigit() and step.isdigit()):
+            raise ValueError(f"--faults entry {entry!r}: RANK and STEP must be non-negative integers")
+        if kind not in KINDS:
+            raise ValueError(f"--faults entry {entry!r}: kind {kind!r} is not one of {', '.join(KINDS)}")
+        faults.append(Fault(int(rank), int(step), kind))
+    return faults
+
+
+def format_schedule(faults: list[Fault]) -> str:
+    return ",".join(f.id for f in faults)
+
+
+def make_schedule(count: int, world_size: int, steps: int, seed: int = 0, first_step: int = 5,
+                  kinds: tuple[str, ...] = ("exception",), ranks: tuple[int, ...] | None = None) -> list[Fault]:
+    """``count`` faults at distinct steps in ``[first_step, steps)``, kinds cycled, ranks drawn from
+    ``ranks`` (default: every rank but 0, which often hosts stores)."""
+    ranks = ranks or tuple(range(1, world_size)) or (0,)
+    if count > steps - first_step:
+        raise ValueError(f"count={count} faults do not fit in steps [{first_step}, {steps})")
+    rng = random.Random(seed)
+    at = sorted(rng.sample(range(first_step, steps), count))
+    return [Fault(rng.choice(ranks), s, kinds[i % len(kinds)]) for i, s in enumerate(at)]
+
+
+class FaultInjector:
+    """Call with the step about to run; fires this rank's scheduled fault for that step once."""
+
+    def __init__(self, faults: list[Fault], rank: int, state_file: str | os.PathLike | None = None,
+                 emit: Callable[..., None] | None = None, hang_s: float = 3600.0, oom_bytes: int = 64 << 20):
+        self.mine = {f.step: f for f in faults if f.rank == rank}
+        self.rank, self.emit, self.hang_s, self.oom_bytes = rank, emit, hang_s, oom_bytes
+        self.state_file = Path(state_file) if state_file else None
+        self._fired_here: set[str] = set()
+
+    def fired(self) -> set[str]:
+        ids = set(self._fired_here)
+        if self.state_file and self.state_file.exists():
+            for line in self.state_file.read_text().splitlines():
+                try:
+                    ids.add(json.loads(line)["id"])
+                except (json.JSONDecodeError, KeyError):
+                    continue
+        return ids
+
+    def _record(self, fault: Fault) -> None:
+        self._fired_here.add(fault.id)
+        if self.state_file:
+            self.state_file.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.state_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, (json.dumps({"id": fault.id, "t": time.time()}) + "\n").encode())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def __call__(self, step: int) -> None:
+        fault = self.mine.get(step)
+        if fault is None or fault.id in self.fired():
+            return
+        self._record(fault)
+        if self.emit:
+            self.emit("fault", step=step, fault=fault.kind, target=fault.rank)
+        if fault.kind == "exception":
+            raise InjectedFault(f"injected exception on rank {self.rank} at step {step}")
+        if fault.kind == "hang":
+            time.sleep(self.hang_s)
+        elif fault.kind == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif fault.kind == "oom":
+            hog = bytearray(self.oom_bytes)  # touch real memory before failing, as an allocator would
+            del hog
+            raise MemoryError(f"injected memory exhaustion on rank {self.rank} at step {step}")

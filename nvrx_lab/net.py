@@ -1,0 +1,56 @@
+"""Small helpers for processes that meet over loopback: free ports and bounded waits."""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free right now on ``host`` (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct free ports; for a store at ``port`` and a wrapper store at ``port + 1`` use
+    :func:`free_port_pair` instead."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def free_port_pair(host: str = "127.0.0.1", tries: int = 50) -> int:
+    """A port ``p`` such that ``p`` and ``p + 1`` are both free (MASTER_PORT and the wrapper's store)."""
+    for _ in range(tries):
+        p = free_port(host)
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind((host, p + 1))
+            return p
+        except OSError:
+            continue
+    raise RuntimeError(f"no two consecutive free ports on {host} after {tries} tries")
+
+
+def wait_for(predicate: Callable[[], T], timeout: float, interval: float = 0.05, what: str = "condition") -> T:
+    """Poll ``predicate`` until it returns something truthy; ``TimeoutError`` naming ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"timed out after {timeout:.1f} s waiting for {what}")
+        time.sleep(interval)

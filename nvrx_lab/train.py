@@ -1,0 +1,197 @@
+"""The trainer: a small Llama-style decoder sharded with FSDP2, on synthetic deterministic data.
+
+Single process (a world of one)::
+
+    python -m nvrx_lab.train --steps 20 --metrics build/metrics.jsonl
+
+Two ranks on CPU (gloo), or eight GPUs of a p5 node (NCCL) with the very same command::
+
+    python -m torch.distributed.run --nproc-per-node 2 -m nvrx_lab.train --steps 20
+
+Multi-node: torchrun's ``--nnodes N --rdzv-backend c10d --rdzv-endpoint HOST:PORT``, or
+``python -m nvrx_lab.launcher`` (in-job restarts). Every flag comes from :class:`TrainConfig`.
+
+The layers plug in as plain arguments of :func:`train`: a checkpointer, callables run before
+and after each step (fault injection, heartbeats, progress pings) and an event log. Same seed and
+world size give the same loss curve bit for bit; a resumed run continues it exactly.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, Literal
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.fsdp import fully_shard
+
+from nvrx_lab.cli import parse_dataclass
+from nvrx_lab.data import SyntheticTokens
+from nvrx_lab.dist import DistContext, init_distributed
+from nvrx_lab.events import EventLog
+from nvrx_lab.model import ModelConfig, Transformer
+
+StepHook = Callable[[int], None]
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 20
+    """Optimizer steps to run in total (a resumed run stops at the same step)."""
+    seed: int = 0
+    """Seed of the model initialisation and of the token stream."""
+    global_batch: int = 8
+    """Sequences per step across all ranks; must divide by the world size."""
+    seq_len: int = 64
+    """Tokens per sequence."""
+    vocab_size: int = 256
+    """Vocabulary of the synthetic tokens and the model."""
+    dim: int = 128
+    """Model width."""
+    n_layers: int = 2
+    """Transformer blocks (each one FSDP unit)."""
+    n_heads: int = 4
+    """Attention heads; dim / n_heads must be even."""
+    hidden_dim: int = 344
+    """SwiGLU hidden width."""
+    tie_embeddings: bool = True
+    """Share the input embedding with the output head."""
+    lr: float = 3e-3
+    """AdamW learning rate."""
+    weight_decay: float = 0.01
+    """AdamW weight decay."""
+    step_sleep: float = 0.0
+    """Extra seconds per step that stand in for a bigger model's compute (benchmarks)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """auto: this rank's GPU when CUDA is available (NCCL), else the CPU (gloo)."""
+    threads: int = 0
+    """Intra-op CPU threads per rank; 0 = cores / local ranks."""
+    pg_timeout: float = 60.0
+    """Seconds before a collective gives up."""
+    metrics: str = ""
+    """Event stream (JSON lines: steps, saves, faults, restarts); empty = none."""
+    log_every: int = 5
+    """Print a progress line every N steps on rank 0 (0 = never)."""
+
+
+def configure_threads(cfg: TrainConfig) -> None:
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // local_world))
+
+
+def model_config(cfg: TrainConfig) -> ModelConfig:
+    return ModelConfig(vocab_size=cfg.vocab_size, dim=cfg.dim, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
+                       hidden_dim=cfg.hidden_dim, max_seq_len=cfg.seq_len, tie_embeddings=cfg.tie_embeddings)
+
+
+def build_model(cfg: TrainConfig, device: torch.device) -> torch.nn.Module:
+    """Same initial weights on every rank (seeded), then ``fully_shard`` per block and the root."""
+    torch.manual_seed(cfg.seed)
+    model = Transformer(model_config(cfg)).to(device)
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    return model
+
+
+class TrainState:
+    """Everything a resume needs, as a (DCP-shardable) state dict: weights, optimizer, data position, step."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: SyntheticTokens):
+        self.model, self.optimizer, self.data = model, optimizer, data
+        self.step = 0
+
+    def state_dict(self) -> dict:
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        return {"model": model_sd, "optim": optim_sd, "data": self.data.state_dict(), "step": self.step}
+
+    def load_state_dict(self, state: dict) -> None:
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        self.data.load_state_dict(state["data"])
+        self.step = int(state["step"])
+
+
+def check_config(cfg: TrainConfig, world_size: int) -> None:
+    if cfg.steps < 0:
+        raise ValueError(f"--steps must be >= 0, got {cfg.steps}")
+    if cfg.global_batch % world_size:
+        raise ValueError(f"--global-batch {cfg.global_batch} does not divide by the world size {world_size}")
+    if cfg.dim % cfg.n_heads or (cfg.dim // cfg.n_heads) % 2:
+        raise ValueError(f"--dim {cfg.dim} / --n-heads {cfg.n_heads} must give an even head size")
+
+
+def train(cfg: TrainConfig, ctx: DistContext, events: EventLog, checkpointer=None, ckpt_interval: int = 0,
+          ckpt_mode: str = "none", before_step: tuple[StepHook, ...] = (), after_step: tuple[StepHook, ...] = ()) -> dict:
+    """One training attempt on an initialised process group; returns a summary.
+
+    ``checkpointer`` follows :class:`nvrx_lab.checkpoint.AsyncCheckpointer`'s API: the attempt resumes
+    from its ``latest_step()`` and saves every ``ckpt_interval`` steps (``ckpt_mode`` sync or async).
+    """
+    check_config(cfg, ctx.world_size)
+    model = build_model(cfg, ctx.device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    data = SyntheticTokens(cfg.vocab_size, cfg.seq_len, cfg.global_batch, seed=cfg.seed)
+    state = TrainState(model, optimizer, data)
+    if checkpointer is not None and (resume := checkpointer.latest_step()) is not None:
+        t0 = time.perf_counter()
+        sd = state.state_dict()
+        checkpointer.load(sd, step=resume)
+        state.load_state_dict(sd)
+        events.emit("resume", step=state.step, load_s=time.perf_counter() - t0, world_size=ctx.world_size)
+    tokens_per_step = cfg.global_batch * cfg.seq_len
+    losses: list[float] = []
+    while state.step < cfg.steps:
+        step = state.step + 1
+        for hook in before_step:
+            hook(step)
+        t0 = time.perf_counter()
+        inputs, targets = (t.to(ctx.device) for t in data.next_batch(ctx.rank, ctx.world_size))
+        logits = model(inputs)
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if cfg.step_sleep:
+            time.sleep(cfg.step_sleep)
+        global_loss = loss.detach().clone()
+        dist.all_reduce(global_loss)
+        global_loss = (global_loss / ctx.world_size).item()
+        state.step = step
+        step_time = time.perf_counter() - t0
+        losses.append(global_loss)
+        if ctx.rank == 0:
+            events.emit("step", step=step, loss=global_loss, step_time=step_time, tokens_per_s=tokens_per_step / step_time)
+            if cfg.log_every and step % cfg.log_every == 0:
+                print(f"step {step:5d}  loss {global_loss:.4f}  {step_time * 1e3:7.1f} ms", flush=True)
+        if checkpointer is not None:
+            if ckpt_interval and step % ckpt_interval == 0:
+                (checkpointer.save if ckpt_mode == "sync" else checkpointer.async_save)(state.state_dict(), step=step)
+            checkpointer.finalize_async_save(blocking=False)
+        for hook in after_step:
+            hook(step)
+    if checkpointer is not None:
+        checkpointer.finalize_async_save(blocking=True)
+    return {"steps": state.step, "losses": losses, "world_size": ctx.world_size}
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse_dataclass(TrainConfig, argv, prog="python -m nvrx_lab.train", description=__doc__.split("\n\n")[0])
+    configure_threads(cfg)
+    torch.use_deterministic_algorithms(True)
+    ctx = init_distributed(cfg.device, cfg.pg_timeout)
+    events = EventLog(cfg.metrics or None, rank=ctx.rank)
+    events.emit("start", world_size=ctx.world_size, restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)))
+    try:
+        summary = train(cfg, ctx, events)
+        events.emit("end", steps=summary["steps"])
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""Small pieces the layers stand on: data stream, CLI from dataclasses, events, benchmark dispatch."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import subprocess
+import sys
+from typing import Literal
+
+import pytest
+import torch
+
+from nvrx_lab.cli import add_dataclass_args, dataclass_from_args, field_docs
+from nvrx_lab.data import SyntheticTokens
+from nvrx_lab.events import EventLog, read_events
+
+
+def test_data_stream_is_independent_of_world_size_and_resumable():
+    one = SyntheticTokens(256, 16, global_batch=4, seed=3)
+    x1, _ = one.next_batch()
+    two = [SyntheticTokens(256, 16, global_batch=4, seed=3) for _ in range(2)]
+    halves = [d.next_batch(rank=r, world_size=2)[0] for r, d in enumerate(two)]
+    assert torch.equal(torch.cat(halves), x1)
+    resumed = SyntheticTokens(256, 16, global_batch=4, seed=3)
+    resumed.load_state_dict(one.state_dict())
+    assert torch.equal(resumed.next_batch()[0], one.next_batch()[0])
+    with pytest.raises(ValueError, match="seed=4"):
+        SyntheticTokens(256, 16, 4, seed=4).load_state_dict(one.state_dict())
+    with pytest.raises(ValueError, match="global_batch=4 is not divisible by world_size=3"):
+        one.next_batch(0, 3)
+
+
+@dataclasses.dataclass
+class _Cfg:
+    rate: float = 0.5
+    """How fast."""
+    mode: Literal["a", "b"] = "a"
+    """Which way."""
+    on: bool = False
+    """Switch it on."""
+
+
+def test_cli_flags_come_from_the_dataclass():
+    assert field_docs(_Cfg) == {"rate": "How fast.", "mode": "Which way.", "on": "Switch it on."}
+    parser = argparse.ArgumentParser()
+    add_dataclass_args(parser, _Cfg)
+    cfg = dataclass_from_args(_Cfg, parser.parse_args(["--rate", "2", "--mode", "b", "--on", "true"]))
+    assert cfg == _Cfg(rate=2.0, mode="b", on=True)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--mode", "c"])
+
+
+def test_event_log_appends_lines_and_skips_a_torn_tail(tmp_path):
+    path = tmp_path / "events.jsonl"
+    log = EventLog(path, rank=3)
+    log.emit("step", step=1, loss=2.5)
+    log("save", step=1)
+    with path.open("a") as f:
+        f.write('{"kind": "step", "ste')  # a writer killed mid-line
+    assert [(e["kind"], e["rank"]) for e in read_events(path)] == [("step", 3), ("save", 3)]
+    assert read_events(path, "save")[0]["step"] == 1
+    EventLog(None).emit("step")  # disabled log: no file, no error
+
+
+def test_bench_dispatch_rejects_an_unknown_benchmark():
+    res = subprocess.run([sys.executable, "-m", "nvrx_lab.bench", "nope"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "unknown benchmark 'nope'" in res.stderr
