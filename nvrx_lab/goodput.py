@@ -1,0 +1,146 @@
+"""Goodput from the event stream: how much of the wall time became training progress.
+
+Reads only what the trainer and the layers wrote (:mod:`nvrx_lab.events`):
+
+* ``step`` (rank 0: step, loss, step_time) — training progress
+* ``fault`` (the target rank: step, fault) — an injected fault
+* ``ckpt_commit`` (step) — a checkpoint became durable
+* ``restart`` / ``launcher_restart`` (cause or reason) — a recovery and why
+* ``start`` — a (re)started process
+
+Definitions (the write-up's, made exact):
+
+* **training goodput** = final step × ideal step time / wall time; the ideal step time is the
+  median step time of the run (or of a fault-free run when given)
+* **infrastructure goodput** = time the job is up and able to train / wall time, i.e. wall time
+  less start-up and every recovery
+* **recovery time** of a fault = from the fault to the start of the next completed step
+* **rollback** = steps completed before the fault that had to be redone
+* **freshness** = fault step − newest committed checkpoint step at the moment of the fault
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass
+class FaultRecord:
+    t: float
+    rank: int
+    step: int
+    kind: str
+    recovery_s: float | None
+    """None when training never resumed after this fault."""
+    rollback_steps: int
+    freshness_steps: int | None
+    """None when no checkpoint had been committed yet."""
+
+
+@dataclass
+class GoodputReport:
+    wall_s: float
+    final_step: int
+    ideal_step_s: float
+    startup_s: float
+    training_goodput: float
+    infrastructure_goodput: float
+    faults: list[FaultRecord] = field(default_factory=list)
+    causes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def recoveries(self) -> list[float]:
+        return [f.recovery_s for f in self.faults if f.recovery_s is not None]
+
+    def recovery_stats(self) -> dict[str, float]:
+        r = sorted(self.recoveries)
+        if not r:
+            return {"median": float("nan"), "p95": float("nan"), "max": float("nan")}
+        return {"median": statistics.median(r), "p95": r[min(len(r) - 1, round(0.95 * (len(r) - 1)))], "max": r[-1]}
+
+    def row(self) -> dict:
+        stats = self.recovery_stats()
+        return {"faults": len(self.faults), "recovered": len(self.recoveries),
+                "recovery_median_s": stats["median"], "recovery_p95_s": stats["p95"], "recovery_max_s": stats["max"],
+                "training_goodput": self.training_goodput, "infra_goodput": self.infrastructure_goodput,
+                "rollback_steps": sum(f.rollback_steps for f in self.faults), "wall_s": self.wall_s,
+                "steps": self.final_step}
+
+
+def analyze(events: list[dict], ideal_step_s: float | None = None, t_start: float | None = None,
+            t_end: float | None = None) -> GoodputReport:
+    """Goodput of one run from its events; ``t_start``/``t_end`` default to the first and last event."""
+    if not events:
+        raise ValueError("no events: was the trainer run with --metrics?")
+    events = sorted(events, key=lambda e: e["t"])
+    steps = [e for e in events if e["kind"] == "step"]
+    t0 = events[0]["t"] if t_start is None else t_start
+    t1 = events[-1]["t"] if t_end is None else t_end
+    wall = max(t1 - t0, 1e-9)
+    ideal = ideal_step_s if ideal_step_s is not None else (statistics.median(e["step_time"] for e in steps) if steps else 0.0)
+    final_step = max((e["step"] for e in steps), default=0)
+    startup = (steps[0]["t"] - steps[0]["step_time"] - t0) if steps else wall
+    commits = [e for e in events if e["kind"] == "ckpt_commit"]
+    faults = []
+    for f in (e for e in events if e["kind"] == "fault"):
+        before = [s for s in steps if s["t"] <= f["t"]]
+        after = [s for s in steps if s["t"] > f["t"]]
+        done = before[-1]["step"] if before else 0
+        committed = [c["step"] for c in commits if c["t"] <= f["t"]]
+        nxt = after[0] if after else None
+        faults.append(FaultRecord(
+            t=f["t"], rank=f["rank"], step=f["step"], kind=f["fault"],
+            recovery_s=(nxt["t"] - nxt["step_time"] - f["t"]) if nxt else None,
+            rollback_steps=max(0, done - (nxt["step"] - 1)) if nxt else 0,
+            freshness_steps=(f["step"] - max(committed)) if committed else None))
+    downtime = startup + sum(f.recovery_s if f.recovery_s is not None else t1 - f.t for f in faults)
+    causes = Counter(e.get("cause") or e.get("reason") or "unknown" for e in events
+                     if e["kind"] in ("restart", "launcher_restart"))
+    return GoodputReport(wall_s=wall, final_step=final_step, ideal_step_s=ideal, startup_s=startup,
+                         training_goodput=final_step * ideal / wall,
+                         infrastructure_goodput=max(0.0, 1.0 - downtime / wall),
+                         faults=faults, causes=dict(causes))
+
+
+def format_report(report: GoodputReport, title: str = "") -> str:
+    s = report.recovery_stats()
+    lines = [title] if title else []
+    lines += [f"wall {report.wall_s:.1f} s, {report.final_step} steps, ideal step {report.ideal_step_s * 1e3:.1f} ms, "
+              f"start-up {report.startup_s:.1f} s",
+              f"training goodput {report.training_goodput:.1%}, infrastructure goodput {report.infrastructure_goodput:.1%}",
+              f"faults {len(report.faults)}, recovered {len(report.recoveries)}; recovery median {s['median']:.2f} s, "
+              f"p95 {s['p95']:.2f} s, max {s['max']:.2f} s"]
+    for f in report.faults:
+        rec = f"{f.recovery_s:.2f} s" if f.recovery_s is not None else "never"
+        fresh = f"{f.freshness_steps} steps" if f.freshness_steps is not None else "no checkpoint"
+        lines.append(f"  step {f.step:5d} rank {f.rank} {f.kind:9s} recovery {rec:>8s}  rollback {f.rollback_steps} steps  "
+                     f"checkpoint age {fresh}")
+    if report.causes:
+        lines.append("restart causes: " + ", ".join(f"{k} × {v}" for k, v in sorted(report.causes.items())))
+    return "\n".join(lines)
+
+
+def plot_timeline(events: list[dict], ax=None, title: str = ""):
+    """Per-rank timeline: training (rank 0's steps span all ranks), faults, restarts, commits."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(10, 3))
+    events = sorted(events, key=lambda e: e["t"])
+    t0 = events[0]["t"]
+    ranks = sorted({e["rank"] for e in events})
+    for s in (e for e in events if e["kind"] == "step"):
+        for r in ranks:
+            ax.barh(r, s["step_time"], left=s["t"] - s["step_time"] - t0, color="#4c9be8", height=0.5)
+    styles = {"fault": ("X", "#d62728", "fault"), "ckpt_commit": ("|", "#2ca02c", "checkpoint committed"),
+              "restart": ("o", "#ff7f0e", "in-process restart"), "launcher_restart": ("s", "#9467bd", "launcher restart"),
+              "start": ("^", "#555555", "process start")}
+    for kind, (marker, color, label) in styles.items():
+        pts = [(e["t"] - t0, e["rank"]) for e in events if e["kind"] == kind]
+        if pts:
+            ax.scatter(*zip(*pts), marker=marker, color=color, s=60, zorder=3, label=label)
+    ax.set(xlabel="seconds since start", ylabel="rank", yticks=ranks, title=title or "timeline")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    return ax
