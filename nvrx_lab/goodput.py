@@ -5,7 +5,8 @@ Reads only what the trainer and the layers wrote (:mod:`nvrx_lab.events`):
 * ``step`` (rank 0: step, loss, step_time) — training progress
 * ``fault`` (the target rank: step, fault) — an injected fault
 * ``ckpt_commit`` (step) — a checkpoint became durable
-* ``restart`` / ``launcher_restart`` (cause or reason) — a recovery and why
+* ``restart`` (in-process: cause), ``launcher_failure`` (launcher: reason, detail), ``pod_restart``
+  (the Kubernetes-style baseline: reason) — a recovery and why
 * ``start`` — a (re)started process
 
 Definitions (the write-up's, made exact):
@@ -97,7 +98,7 @@ def analyze(events: list[dict], ideal_step_s: float | None = None, t_start: floa
             freshness_steps=(f["step"] - max(committed)) if committed else None))
     downtime = startup + sum(f.recovery_s if f.recovery_s is not None else t1 - f.t for f in faults)
     causes = Counter(e.get("cause") or e.get("reason") or "unknown" for e in events
-                     if e["kind"] in ("restart", "launcher_restart"))
+                     if e["kind"] in ("restart", "launcher_failure", "pod_restart"))
     return GoodputReport(wall_s=wall, final_step=final_step, ideal_step_s=ideal, startup_s=startup,
                          training_goodput=final_step * ideal / wall,
                          infrastructure_goodput=max(0.0, 1.0 - downtime / wall),
@@ -135,7 +136,8 @@ def plot_timeline(events: list[dict], ax=None, title: str = ""):
         for r in ranks:
             ax.barh(r, s["step_time"], left=s["t"] - s["step_time"] - t0, color="#4c9be8", height=0.5)
     styles = {"fault": ("X", "#d62728", "fault"), "ckpt_commit": ("|", "#2ca02c", "checkpoint committed"),
-              "restart": ("o", "#ff7f0e", "in-process restart"), "launcher_restart": ("s", "#9467bd", "launcher restart"),
+              "restart": ("o", "#ff7f0e", "in-process restart"), "launcher_failure": ("s", "#9467bd", "launcher restart"),
+              "pod_restart": ("D", "#8c564b", "pod restart"),
               "start": ("^", "#555555", "process start")}
     for kind, (marker, color, label) in styles.items():
         pts = [(e["t"] - t0, e["rank"]) for e in events if e["kind"] == kind]

@@ -18,6 +18,7 @@ world size give the same loss curve bit for bit; a resumed run continues it exac
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -29,9 +30,10 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.fsdp import fully_shard
 
+from nvrx_lab import layers
 from nvrx_lab.cli import parse_dataclass
 from nvrx_lab.data import SyntheticTokens
-from nvrx_lab.dist import DistContext, init_distributed
+from nvrx_lab.dist import DistContext, env_rank, init_distributed
 from nvrx_lab.events import EventLog
 from nvrx_lab.model import ModelConfig, Transformer
 
@@ -76,6 +78,29 @@ class TrainConfig:
     """Event stream (JSON lines: steps, saves, faults, restarts); empty = none."""
     log_every: int = 5
     """Print a progress line every N steps on rank 0 (0 = never)."""
+    ckpt: Literal["none", "sync", "async"] = "none"
+    """Checkpointing: none, sync (blocks every rank on storage) or async (stage, return, write in the background)."""
+    ckpt_interval: int = 10
+    """Save every N steps."""
+    ckpt_dir: str = ""
+    """Folder of the checkpoints (shared by all ranks); a run resumes from its newest committed checkpoint."""
+    ckpt_keep: int = 3
+    """Committed checkpoints to keep."""
+    ckpt_write_bandwidth: float = 0.0
+    """Cap on each rank's write speed in bytes/s, a stand-in for a loaded shared filesystem (0 = no cap)."""
+    restart: Literal["none", "inprocess", "launcher", "launcher+inprocess"] = "none"
+    """Recovery: inprocess (restart the training function in the same processes), launcher (heartbeats to
+    nvrx_lab.launcher, which replaces dead or hung workers), or both."""
+    soft_timeout: float = 30.0
+    """In-process restart: seconds without progress before a rank is interrupted and restarted."""
+    hard_timeout: float = 60.0
+    """In-process restart: seconds without progress before a rank is killed and the others go on."""
+    max_iterations: int = 10
+    """In-process restart: restarts allowed before the job gives up."""
+    min_world_size: int = 1
+    """In-process restart: fewest ranks to go on with after a rank is lost."""
+    faults: str = ""
+    """Deterministic faults RANK:STEP:KIND,... (kinds: exception, hang, sigkill, oom); each fires once."""
 
 
 def configure_threads(cfg: TrainConfig) -> None:
@@ -99,20 +124,26 @@ def build_model(cfg: TrainConfig, device: torch.device) -> torch.nn.Module:
 
 
 class TrainState:
-    """Everything a resume needs, as a (DCP-shardable) state dict: weights, optimizer, data position, step."""
+    """Everything a resume needs, as a (DCP-shardable) state dict: weights, optimizer, data position, step,
+    and the launcher's computed timeouts when a monitor is attached."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: SyntheticTokens):
-        self.model, self.optimizer, self.data = model, optimizer, data
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: SyntheticTokens, monitor=None):
+        self.model, self.optimizer, self.data, self.monitor = model, optimizer, data, monitor
         self.step = 0
 
     def state_dict(self) -> dict:
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        return {"model": model_sd, "optim": optim_sd, "data": self.data.state_dict(), "step": self.step}
+        sd = {"model": model_sd, "optim": optim_sd, "data": self.data.state_dict(), "step": self.step}
+        if self.monitor is not None:
+            sd["monitor"] = self.monitor.state_dict()
+        return sd
 
     def load_state_dict(self, state: dict) -> None:
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         self.data.load_state_dict(state["data"])
         self.step = int(state["step"])
+        if self.monitor is not None and state.get("monitor"):
+            self.monitor.load_state_dict(state["monitor"])
 
 
 def check_config(cfg: TrainConfig, world_size: int) -> None:
@@ -124,23 +155,27 @@ def check_config(cfg: TrainConfig, world_size: int) -> None:
         raise ValueError(f"--dim {cfg.dim} / --n-heads {cfg.n_heads} must give an even head size")
 
 
-def train(cfg: TrainConfig, ctx: DistContext, events: EventLog, checkpointer=None, ckpt_interval: int = 0,
-          ckpt_mode: str = "none", before_step: tuple[StepHook, ...] = (), after_step: tuple[StepHook, ...] = ()) -> dict:
+def train(cfg: TrainConfig, ctx: DistContext, events: EventLog, checkpointer=None, monitor=None,
+          before_step: tuple[StepHook, ...] = (), after_step: tuple[StepHook, ...] = ()) -> dict:
     """One training attempt on an initialised process group; returns a summary.
 
     ``checkpointer`` follows :class:`nvrx_lab.checkpoint.AsyncCheckpointer`'s API: the attempt resumes
-    from its ``latest_step()`` and saves every ``ckpt_interval`` steps (``ckpt_mode`` sync or async).
+    from its ``latest_step()`` and saves every ``cfg.ckpt_interval`` steps (``cfg.ckpt`` sync or async).
+    ``monitor`` (:class:`nvrx_lab.layers.Monitor`) gets a heartbeat per step and a section around
+    checkpoint I/O (``checkpoint_load``, ``checkpoint``, ``checkpoint_finalize``). ``before_step``/``after_step`` are called with the step number.
     """
     check_config(cfg, ctx.world_size)
     model = build_model(cfg, ctx.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     data = SyntheticTokens(cfg.vocab_size, cfg.seq_len, cfg.global_batch, seed=cfg.seed)
-    state = TrainState(model, optimizer, data)
+    state = TrainState(model, optimizer, data, monitor)
+    section = monitor.section if monitor is not None else (lambda name: contextlib.nullcontext())
     if checkpointer is not None and (resume := checkpointer.latest_step()) is not None:
         t0 = time.perf_counter()
-        sd = state.state_dict()
-        checkpointer.load(sd, step=resume)
-        state.load_state_dict(sd)
+        with section("checkpoint_load"):
+            sd = state.state_dict()
+            checkpointer.load(sd, step=resume)
+            state.load_state_dict(sd)
         events.emit("resume", step=state.step, load_s=time.perf_counter() - t0, world_size=ctx.world_size)
     tokens_per_step = cfg.global_batch * cfg.seq_len
     losses: list[float] = []
@@ -167,29 +202,58 @@ def train(cfg: TrainConfig, ctx: DistContext, events: EventLog, checkpointer=Non
             events.emit("step", step=step, loss=global_loss, step_time=step_time, tokens_per_s=tokens_per_step / step_time)
             if cfg.log_every and step % cfg.log_every == 0:
                 print(f"step {step:5d}  loss {global_loss:.4f}  {step_time * 1e3:7.1f} ms", flush=True)
+        if monitor is not None:
+            monitor.heartbeat(step)
         if checkpointer is not None:
-            if ckpt_interval and step % ckpt_interval == 0:
-                (checkpointer.save if ckpt_mode == "sync" else checkpointer.async_save)(state.state_dict(), step=step)
+            if step % cfg.ckpt_interval == 0:
+                with section("checkpoint"):
+                    (checkpointer.save if cfg.ckpt == "sync" else checkpointer.async_save)(state.state_dict(), step=step)
+                if monitor is not None:
+                    monitor.after_save()
             checkpointer.finalize_async_save(blocking=False)
         for hook in after_step:
             hook(step)
     if checkpointer is not None:
-        checkpointer.finalize_async_save(blocking=True)
+        with section("checkpoint_finalize"):
+            checkpointer.finalize_async_save(blocking=True)
     return {"steps": state.step, "losses": losses, "world_size": ctx.world_size}
+
+
+def run_plain(cfg: TrainConfig, events: EventLog, injector, monitor) -> dict:
+    """One attempt under torchrun or the launcher: whatever fails ends this process (the launcher may restart it)."""
+    ctx = init_distributed(cfg.device, cfg.pg_timeout)
+    checkpointer = layers.make_checkpointer(cfg, ctx, events)
+    try:
+        if monitor is not None:
+            monitor.start()
+        return train(cfg, ctx, events, checkpointer, monitor, before_step=(injector,) if injector else ())
+    finally:
+        if checkpointer is not None:
+            checkpointer.close()
+        if monitor is not None:
+            monitor.close()
+        dist.destroy_process_group()
 
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_dataclass(TrainConfig, argv, prog="python -m nvrx_lab.train", description=__doc__.split("\n\n")[0])
+    try:
+        layers.check_flags(cfg)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     configure_threads(cfg)
     torch.use_deterministic_algorithms(True)
-    ctx = init_distributed(cfg.device, cfg.pg_timeout)
-    events = EventLog(cfg.metrics or None, rank=ctx.rank)
-    events.emit("start", world_size=ctx.world_size, restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)))
-    try:
-        summary = train(cfg, ctx, events)
-        events.emit("end", steps=summary["steps"])
-    finally:
-        dist.destroy_process_group()
+    rank, world_size, _ = env_rank()
+    events = EventLog(cfg.metrics or None, rank=rank)
+    events.emit("start", world_size=world_size, restart_count=layers.launcher_restart_count(), pid=os.getpid())
+    injector = layers.make_fault_injector(cfg, rank, events)
+    monitor = layers.Monitor() if cfg.restart.startswith("launcher") else None
+    if cfg.restart.endswith("inprocess"):
+        summary = layers.run_inprocess(cfg, events, injector, monitor)
+    else:
+        summary = run_plain(cfg, events, injector, monitor)
+    events.emit("end", steps=summary["steps"])
     return 0
 
 

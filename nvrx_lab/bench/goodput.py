@@ -72,7 +72,7 @@ def run_mode(args, mode: str, faults: str, workdir: Path) -> tuple[dict, list[di
             print(f"[{mode}] failed (exit {res.returncode}):\n{res.output[-2000:]}", file=sys.stderr)
             break
         delay = crashloop_delay(restarts, args.pod_restart_s, args.time_scale)
-        log.emit("launcher_restart", reason=f"job exited {res.returncode}; pod restart + CrashLoopBackOff", delay_s=delay,
+        log.emit("pod_restart", reason=f"job exited {res.returncode}; pod restart + CrashLoopBackOff", delay_s=delay,
                  restart_count=restarts)
         time.sleep(delay)
     events = read_events(metrics)

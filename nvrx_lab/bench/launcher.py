@@ -1,0 +1,143 @@
+"""``python -m nvrx_lab.bench launcher``: fault -> every rank training again, per launcher and fault kind.
+
+2 ranks on gloo run :mod:`nvrx_lab.launcher.demo_worker`; rank 1 injects one fault per attempt
+(SIGKILL itself, or hang without heartbeats) for ``--faults-per-kind`` attempts, then the job ends
+normally. Recovery of one fault = the later of the two ranks' first ``step`` event in the next
+attempt, minus the ``fault`` event's time (from the event stream only). Side by side in one run:
+
+* ``nvrx_lab`` — ``python -m nvrx_lab.launcher`` with warm standby workers (heartbeat timeout 3 s)
+* ``nvrx_lab --no-standby`` — the same, workers started by torchelastic (pays ``import torch``)
+* ``torchrun`` — ``--max-restarts``; a hang is only noticed when the gloo collective times out
+  (``--pg-timeout``), and a restart that fails to rendezvous counts as not recovered
+* NVRx ``ft_launcher`` — only when ``nvidia_resiliency_ext`` is importable (else: skipped)
+
+Also: the cost of ``send_heartbeat`` (µs, in-process client and monitor), and ``import torch`` in a
+fresh interpreter vs in a standby worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from nvrx_lab.bench._table import median, p95, report
+from nvrx_lab.events import read_events
+from nvrx_lab.net import free_port
+
+
+def heartbeat_cost_us(n: int = 50000, batches: int = 5) -> float:
+    from nvrx_lab.launcher import RankMonitorClient, Timeouts
+    from nvrx_lab.launcher.monitor import MonitorServer
+
+    server = MonitorServer(1, Timeouts())
+    try:
+        client = RankMonitorClient(server.dir, 0)
+        client.init_workload_monitoring()
+        per = []
+        for _ in range(batches):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                client.send_heartbeat()
+            per.append((time.perf_counter() - t0) / n * 1e6)
+        client.shutdown_workload_monitoring()
+        return median(per)
+    finally:
+        server.close()
+
+
+def cold_import_torch_s(runs: int = 3) -> float:
+    times = []
+    for _ in range(runs):
+        out = subprocess.run([sys.executable, "-c", "import time; t=time.perf_counter(); import torch; "
+                              "print(time.perf_counter()-t)"], capture_output=True, text=True, timeout=120)
+        times.append(float(out.stdout.strip().splitlines()[-1]))
+    return median(times)
+
+
+def run_one(mode: str, kind: str, faults: int, hb_timeout: float, pg_timeout: float, workdir: Path) -> dict:
+    metrics = workdir / f"{mode.replace(' ', '_')}_{kind}.jsonl"
+    worker = ["-m", "nvrx_lab.launcher.demo_worker", "--steps", "10", "--fault", kind, "--fault-step", "5",
+              "--fault-restarts", f"0-{faults - 1}", "--pg-timeout", str(pg_timeout), "--metrics", str(metrics)]
+    common = ["--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+              "--max-restarts", str(faults), "--monitor-interval", "0.1"]
+    if mode.startswith("nvrx_lab"):
+        cmd = [sys.executable, "-m", "nvrx_lab.launcher", *common, "--heartbeat-timeout", str(hb_timeout),
+               "--initial-heartbeat-timeout", "60", "--metrics-file", str(metrics)]
+        if "no-standby" in mode:
+            cmd.append("--no-standby")
+    elif mode == "torchrun":
+        cmd, worker = [sys.executable, "-m", "torch.distributed.run", *common], [*worker, "--no-monitor"]
+    else:  # NVRx ft_launcher
+        cmd = ["ft_launcher", *common, "--ft-rank-heartbeat-timeout", str(hb_timeout),
+               "--ft-initial-rank-heartbeat-timeout", "60", "--ft-enable-nic-monitor", "false"]
+        worker = [*worker, "--no-monitor"]
+    limit = 60 + faults * (pg_timeout + hb_timeout + 10)
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run([*cmd, *worker], capture_output=True, text=True, timeout=limit,
+                              env={**os.environ, "LOGLEVEL": "ERROR"})
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        rc = "timeout"
+    wall = time.monotonic() - t0
+    ev = read_events(metrics)
+    first_step: dict[tuple[int, int], float] = {}
+    for e in ev:
+        if e["kind"] == "step":
+            first_step.setdefault((e["restart"], e["rank"]), e["t"])
+    recov = []
+    fault_events = [e for e in ev if e["kind"] == "fault"]
+    attempts = sorted({a for a, _ in first_step})
+    trained = [a for a in attempts if all((a, r) in first_step for r in (0, 1))]
+    for f in fault_events:  # the first later attempt in which every rank trains (failed restarts included)
+        nxt = [a for a in trained if a > f["restart"]]
+        if nxt:
+            recov.append(max(first_step[(nxt[0], r)] for r in (0, 1)) - f["t"])
+    started = {e["restart"] for e in ev if e["kind"] == "worker_start"}
+    failed_restarts = len([a for a in started if a > 0 and a not in trained])
+    detect = [e["detect_s"] for e in ev if e["kind"] == "launcher_failure" and e["rank"] == 1 and e["detect_s"]]
+    ready = [e["ready_s"] for e in ev if e["kind"] == "launcher_ready"]
+    imports = [e["import_s"] for e in ev if e["kind"] == "worker_start" and e["restart"] > 0]
+    return {"launcher": mode, "fault": kind, "injected": len(fault_events), "recovered": len(recov),
+            "failed_restarts": failed_restarts,
+            "median_s": median(recov), "p95_s": p95(recov), "detect_s": median(detect),
+            "ready_s": median(ready), "worker_import_s": median(imports), "exit": rc, "wall_s": wall}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m nvrx_lab.bench launcher", description=__doc__.split("\n")[0])
+    p.add_argument("--faults-per-kind", type=int, default=10, help="faults of each kind per launcher")
+    p.add_argument("--quick", action="store_true", help="2 faults per kind (CI/smoke)")
+    p.add_argument("--heartbeat-timeout", type=float, default=3.0)
+    p.add_argument("--pg-timeout", type=float, default=10.0, help="gloo collective timeout (torchrun's only hang detector)")
+    p.add_argument("--launchers", default="nvrx_lab,nvrx_lab --no-standby,torchrun,ft_launcher")
+    p.add_argument("--out", default="build/bench/launcher.json")
+    args = p.parse_args(argv)
+    faults = 2 if args.quick else args.faults_per_kind
+    rows, skipped = [], []
+    with tempfile.TemporaryDirectory(prefix="nvrx-bench-launcher-") as tmp:
+        for mode in [m.strip() for m in args.launchers.split(",") if m.strip()]:
+            if mode == "ft_launcher" and importlib.util.find_spec("nvidia_resiliency_ext") is None:
+                print("ft_launcher: skipped (nvidia-resiliency-ext not installed; pip install -e .[peers])")
+                skipped.append("ft_launcher")
+                continue
+            for kind in ("kill", "hang"):
+                print(f"running {mode} / {kind} x{faults} ...", flush=True)
+                rows.append(run_one(mode, kind, faults, args.heartbeat_timeout, args.pg_timeout, Path(tmp)))
+    hb = heartbeat_cost_us()
+    cold = cold_import_torch_s()
+    print(f"send_heartbeat: {hb:.2f} us/call; import torch: {cold:.2f} s cold vs "
+          f"{median([r['worker_import_s'] for r in rows if r['launcher'] == 'nvrx_lab']):.4f} s in a standby worker")
+    ours = {r["fault"]: r for r in rows if r["launcher"] == "nvrx_lab"}
+    peer = {r["fault"]: r for r in rows if r["launcher"] == "torchrun"}
+    ratios = {k: ours[k]["median_s"] / peer[k]["median_s"] for k in ours if k in peer and peer[k]["recovered"]}
+    report("launcher", rows, args.out, "python -m nvrx_lab.bench launcher " + " ".join(argv or sys.argv[1:]),
+           extra={"heartbeat_us": hb, "cold_import_torch_s": cold, "ratio_vs_torchrun": ratios,
+                  "skipped": skipped, "heartbeat_timeout_s": args.heartbeat_timeout, "faults_per_kind": faults})
+    return 0

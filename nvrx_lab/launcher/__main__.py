@@ -1,0 +1,91 @@
+"""``python -m nvrx_lab.launcher`` / ``nvrx-lab-launch``: torchrun with heartbeats (see :mod:`nvrx_lab.launcher`).
+
+Builds torchrun's own launch configuration from its own parser (``config_from_args``), then runs
+our :class:`~nvrx_lab.launcher.agent.HeartbeatAgent` instead of torchrun's agent. Exit code 0 when
+the workers succeeded, 1 when they failed with no restarts left, 2 for bad flags or config.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import uuid
+
+from nvrx_lab.launcher.cli import ConfigError, parse
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args, settings = parse(argv)
+    except ConfigError as e:
+        print(f"nvrx-lab-launch: error: {e}", file=sys.stderr)
+        return 2
+
+    import torch.distributed.elastic.rendezvous.registry as rdzv_registry
+    from torch.distributed.elastic.agent.server.api import WorkerSpec
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.launcher.api import _get_addr_and_port
+    from torch.distributed.run import config_from_args
+
+    from nvrx_lab.launcher.agent import HeartbeatAgent
+    from nvrx_lab.launcher.monitor import MonitorServer
+    from nvrx_lab.launcher.policy import make_policy
+    from nvrx_lab.launcher.restart_log import RestartLog
+    from nvrx_lab.launcher.standby import Zygote
+
+    if args.standalone:  # as torchrun does
+        args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
+    if args.master_port is None:
+        args.master_port = 29500
+    try:
+        config, cmd, cmd_args = config_from_args(args)
+        policy = make_policy(settings.restart_policy, config.nproc_per_node, settings.min_healthy)
+    except (ValueError, AssertionError) as e:
+        print(f"nvrx-lab-launch: error: {e}", file=sys.stderr)
+        return 2
+    if not config.run_id or config.run_id == "none":
+        config.run_id = str(uuid.uuid4().int)
+
+    directory = tempfile.mkdtemp(prefix="nvrx-lab-launch-")  # 0700: monitors and zygote sockets
+    monitors = MonitorServer(config.nproc_per_node, settings.timeouts(), directory)
+    zygote = Zygote(directory, config.nproc_per_node, settings.standby_preload) if settings.standby else None
+    if zygote is not None:
+        cmd, cmd_args = zygote.wrap(cmd, cmd_args)
+    restart_log = RestartLog(settings.metrics_file, config.max_restarts)
+    params = RendezvousParameters(backend=config.rdzv_backend, endpoint=config.rdzv_endpoint, run_id=config.run_id,
+                                  min_nodes=config.min_nodes, max_nodes=config.max_nodes,
+                                  local_addr=config.local_addr, **config.rdzv_configs)
+    master_addr, master_port = _get_addr_and_port(params)
+    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
+    result = None
+    rdzv_handler = None
+    try:
+        rdzv_handler = rdzv_registry.get_rendezvous_handler(params)
+        spec = WorkerSpec(role=config.role, local_world_size=config.nproc_per_node, entrypoint=cmd,
+                          args=tuple(cmd_args), rdzv_handler=rdzv_handler, max_restarts=config.max_restarts,
+                          monitor_interval=config.monitor_interval, master_addr=master_addr,
+                          master_port=master_port, local_addr=config.local_addr)
+        agent = HeartbeatAgent(spec, config.logs_specs, monitors, restart_log, policy, zygote,
+                               start_method=config.start_method, shutdown_timeout=config.shutdown_timeout)
+        result = agent.run()
+    except SignalException as e:
+        restart_log.say(f"launcher got {e.sigval.name}: workers stopped")
+        return 128 + int(e.sigval)
+    finally:
+        if rdzv_handler is not None and result is not None:
+            rdzv_handler.shutdown()
+        monitors.close()
+        if zygote is not None:
+            zygote.close()
+        shutil.rmtree(directory, ignore_errors=True)
+    if result is None or result.state.name not in ("FAILED", "UNHEALTHY"):
+        return 0
+    restart_log.say(f"workers failed after {config.max_restarts} restart(s); giving up")
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

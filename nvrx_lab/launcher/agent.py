@@ -1,0 +1,141 @@
+"""The launcher's agent: torchelastic's ``LocalElasticAgent`` plus heartbeats and fresh stores.
+
+What it changes, and why:
+
+* **Monitoring.** torchelastic polls worker *exits* every ``--monitor-interval``; a hung worker
+  looks healthy forever (until a collective timeout, minutes later). :meth:`HeartbeatAgent._monitor_workers`
+  also asks the rank monitors (:mod:`nvrx_lab.launcher.monitor`) which ranks stopped beating, and
+  applies the restart policy (:mod:`nvrx_lab.launcher.policy`) to both kinds of loss. Stopping is
+  torchelastic's: SIGTERM to each worker's process group, SIGKILL after ``--shutdown-timeout``.
+* **Fresh rendezvous state per restart.** torchrun's default lets the workers of every round share
+  one TCPStore (``TORCHELASTIC_USE_AGENT_STORE``) at the same port, so keys of the dead round
+  (gloo addresses, barrier counters) are still there when the new round starts; on this machine
+  that made restarts fail 5 times out of 6. After each c10d rendezvous the agent of group rank 0
+  starts a *new* TCPStore on a fresh port and publishes it under the round's prefix; workers of
+  that round use only it (MASTER_ADDR/MASTER_PORT), and the previous one is closed.
+* **Warm standby** (optional, :mod:`nvrx_lab.launcher.standby`): after torchelastic stops workers
+  the zygote is asked to SIGKILL anything left, so a new round never overlaps the old one.
+* **Restart log** (:mod:`nvrx_lab.launcher.restart_log`): why, how fast detected, how fast respawned.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import time
+
+from torch.distributed import TCPStore
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+from nvrx_lab.launcher.monitor import MonitorServer
+from nvrx_lab.launcher.policy import RestartPolicy, any_failed
+from nvrx_lab.launcher.restart_log import Failure, RestartLog, describe_exit
+from nvrx_lab.launcher.standby import Zygote
+
+log = logging.getLogger(__name__)
+_STORE_KEY = "nvrx_lab/worker_store"
+
+
+class HeartbeatAgent(LocalElasticAgent):
+    """``LocalElasticAgent`` that also restarts on missed heartbeats and uses a fresh store per round."""
+
+    def __init__(self, spec, logs_specs, monitors: MonitorServer, restart_log: RestartLog,
+                 policy: RestartPolicy = any_failed, zygote: Zygote | None = None,
+                 start_method: str = "spawn", shutdown_timeout: int = 5, **kwargs):
+        super().__init__(spec, logs_specs, start_method=start_method, shutdown_timeout=shutdown_timeout, **kwargs)
+        os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "0"  # workers are clients of the agent's store
+        os.environ.update(monitors.env())  # inherited by the workers
+        self.monitors, self.restart_log, self.policy, self.zygote = monitors, restart_log, policy, zygote
+        self._round_store: TCPStore | None = None
+        self._tolerated: set[int] = set()
+        self._awaiting_ready = False
+
+    @property
+    def restart_count(self) -> int:
+        return self._worker_group.spec.max_restarts - self._remaining_restarts
+
+    # ------------------------------------------------------------ rendezvous: a fresh store per round
+    def _rendezvous(self, worker_group: WorkerGroup) -> None:
+        super()._rendezvous(worker_group)
+        store = worker_group.store  # prefixed with this round's number by the c10d handler
+        if worker_group.group_rank == 0:
+            old, self._round_store = self._round_store, TCPStore(
+                host_name=worker_group.master_addr, port=0, is_master=True, multi_tenant=True,
+                wait_for_workers=False)
+            del old  # closes the previous round's store (its workers are gone)
+            store.set(_STORE_KEY, f"{worker_group.master_addr}:{self._round_store.port}")
+        addr, port = store.get(_STORE_KEY).decode().rsplit(":", 1)
+        worker_group.master_addr, worker_group.master_port = addr, int(port)
+
+    # ------------------------------------------------------------ start / stop
+    def _start_workers(self, worker_group: WorkerGroup):
+        self.monitors.reset()
+        self._tolerated.clear()
+        ids = super()._start_workers(worker_group)
+        if self.restart_count > 0:
+            self.restart_log.restarted()
+            self._awaiting_ready = True
+        return ids
+
+    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
+        super()._shutdown(death_sig, timeout)
+        if self.zygote is not None and self.zygote.proc.poll() is None:
+            self.zygote.kill_workers()
+
+    def _stop_one(self, local_rank: int) -> None:
+        """SIGTERM one worker's process group, SIGKILL after the grace (min-healthy policy)."""
+        handler = self._pcontext.subprocess_handlers[local_rank]
+        handler.close(signal.SIGTERM)
+        try:
+            handler.proc.wait(self._shutdown_timeout)
+        except subprocess.TimeoutExpired:
+            handler.close(signal.SIGKILL)
+            handler.proc.wait(self._shutdown_timeout)
+
+    # ------------------------------------------------------------ monitoring
+    def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        if self._pcontext is None:
+            raise AssertionError("no workers started")
+        workers = worker_group.workers
+        exits = {lr: h.proc.poll() for lr, h in self._pcontext.subprocess_handlers.items()}
+        exited = {lr: rc for lr, rc in exits.items() if rc is not None}
+        lost: list[Failure] = []
+        now = time.monotonic()
+        for lr, rc in sorted(exited.items()):
+            if rc != 0 and lr not in self._tolerated:
+                reason, detail = describe_exit(rc)
+                lost_at = self.monitors.state(lr).lost_at
+                lost.append(Failure(lr, workers[lr].global_rank, reason, detail, exit_code=rc,
+                                    detect_s=None if lost_at is None else now - lost_at))
+        for lr, detail, silent in self.monitors.hung(now):
+            if lr not in exited and lr not in self._tolerated:
+                lost.append(Failure(lr, workers[lr].global_rank, "hang", detail, detect_s=silent))
+
+        if not lost:
+            if len(exited) == len(exits):  # everyone finished
+                if self._tolerated and all(rc == 0 for lr, rc in exited.items() if lr not in self._tolerated):
+                    self._pcontext.close()
+                    return RunResult(state=WorkerState.SUCCEEDED, return_values={w.global_rank: None for w in workers})
+                return super()._monitor_workers(worker_group)
+            if self._awaiting_ready and self.monitors.all_beating():
+                self._awaiting_ready = False
+                self.restart_log.ready(max(self.monitors.state(lr).first_heartbeat_at for lr in exits))
+            return RunResult(state=WorkerState.HEALTHY)
+
+        total = len(exits)
+        healthy = total - len(self._tolerated) - len(lost)
+        if not self.policy(healthy, total):
+            self.restart_log.failure(lost, None, action=f"{healthy} of {total} local workers healthy, "
+                                                        "policy min-healthy: continuing without restart")
+            for f in lost:
+                if f.reason == "hang":
+                    self._stop_one(f.local_rank)
+                self._tolerated.add(f.local_rank)
+            return RunResult(state=WorkerState.HEALTHY)
+        nxt = self.restart_count + 1 if self._remaining_restarts > 0 else None
+        self.restart_log.failure(lost, nxt)
+        hung_only = all(f.reason == "hang" for f in lost)
+        return RunResult(state=WorkerState.UNHEALTHY if hung_only else WorkerState.FAILED)

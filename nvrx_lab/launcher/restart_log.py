@@ -1,0 +1,104 @@
+"""Why the launcher restarted: one line for people, one JSON event for programs.
+
+People read (stderr)::
+
+    [nvrx-lab-launch] worker group failed: rank 1 missed heartbeats for 3.0 s (timeout 3 s); restart 1/3
+    [nvrx-lab-launch] restart 1/3: workers respawned in 0.41 s, all ranks beating after 1.02 s
+
+Programs read the run's event stream (:mod:`nvrx_lab.events`, file from ``--metrics-file`` or
+``NVRX_LAB_METRICS``): ``launcher_failure`` (rank, local_rank, reason, exit_code, signal, detect_s,
+restart_count, max_restarts, action), ``launcher_restart`` (respawn_s: detection -> new workers
+started) and ``launcher_ready`` (ready_s: detection -> every local rank's first heartbeat).
+``detect_s`` is the time from the fault's evidence to the launcher acting: the closed monitor socket
+of a dead worker, or the last heartbeat of a hung one.
+"""
+
+from __future__ import annotations
+
+import os
+import signal as _signal
+import sys
+import time
+from dataclasses import dataclass
+
+from nvrx_lab.events import EventLog
+
+METRICS_ENV = "NVRX_LAB_METRICS"
+
+
+@dataclass
+class Failure:
+    """One lost worker."""
+
+    local_rank: int
+    """Its local rank on this node."""
+    rank: int
+    """Its global rank."""
+    reason: str
+    """``hang``, ``signal`` or ``exit``."""
+    detail: str
+    """Human description, e.g. ``missed heartbeats for 3.0 s (timeout 3 s)``."""
+    exit_code: int | None = None
+    """Exit code, or minus the signal number (torchelastic's convention)."""
+    detect_s: float | None = None
+    """Evidence of the fault -> detection (s); ``None`` when unknown (worker without a client)."""
+
+    @property
+    def signal(self) -> str | None:
+        if self.exit_code is not None and self.exit_code < 0:
+            try:
+                return _signal.Signals(-self.exit_code).name
+            except ValueError:
+                return str(-self.exit_code)
+        return None
+
+
+def describe_exit(code: int) -> tuple[str, str]:
+    if code < 0:
+        f = Failure(0, 0, "", "", exit_code=code)
+        return "signal", f"killed by {f.signal}"
+    return "exit", f"exited with code {code}"
+
+
+class RestartLog:
+    """Writes the human line and the JSON events for each failure and restart."""
+
+    def __init__(self, metrics_file: str | None, max_restarts: int, stream=None):
+        self.events = EventLog(metrics_file or os.environ.get(METRICS_ENV) or None)
+        self.max_restarts = max_restarts
+        self.stream = stream or sys.stderr
+        self.lines: list[str] = []
+        self._detected_at: float | None = None
+        self._restart = 0
+
+    def say(self, text: str) -> None:
+        line = f"[nvrx-lab-launch] {text}"
+        self.lines.append(line)
+        print(line, file=self.stream, flush=True)
+
+    def failure(self, failures: list[Failure], restart: int | None, action: str | None = None) -> None:
+        """Report lost workers; ``restart`` is the number of the restart about to happen (None: none left)."""
+        self._detected_at, self._restart = time.monotonic(), restart or 0
+        what = "; ".join(f"rank {f.rank} {f.detail}" for f in failures)
+        if action is None:
+            action = f"restart {restart}/{self.max_restarts}" if restart else f"no restarts left ({self.max_restarts} used)"
+        self.say(f"worker group failed: {what}; {action}")
+        for f in failures:
+            self.events.emit("launcher_failure", rank=f.rank, local_rank=f.local_rank, reason=f.reason,
+                             detail=f.detail, exit_code=f.exit_code, signal=f.signal, detect_s=f.detect_s,
+                             restart_count=restart, max_restarts=self.max_restarts, action=action)
+
+    def restarted(self) -> None:
+        if self._detected_at is None:
+            return
+        respawn = time.monotonic() - self._detected_at
+        self.events.emit("launcher_restart", rank=-1, restart_count=self._restart, respawn_s=respawn)
+        self.say(f"restart {self._restart}/{self.max_restarts}: workers respawned {respawn:.2f} s after detection")
+
+    def ready(self, first_heartbeat_at: float) -> None:
+        if self._detected_at is None:
+            return
+        ready = first_heartbeat_at - self._detected_at
+        self.events.emit("launcher_ready", rank=-1, restart_count=self._restart, ready_s=ready)
+        self.say(f"restart {self._restart}/{self.max_restarts}: all local ranks beating {ready:.2f} s after detection")
+        self._detected_at = None

@@ -1,0 +1,261 @@
+"""Warm standby workers: a restart that does not pay ``import torch`` again.
+
+torchelastic starts every worker with ``Popen([python, -u, script, ...])``, so each restart pays
+interpreter start plus ``import torch`` (~1.3 s on 2 CPU cores). A process that has already imported
+torch cannot be handed to ``Popen``, so the warm copy lives next to torchelastic instead of inside it:
+
+* the launcher starts one **zygote** per node: a Python process that imports torch (and
+  ``--standby-preload`` modules), never touches CUDA, and keeps one **pre-forked standby child per
+  local rank** blocked on a socket;
+* torchelastic still starts (and monitors, signals, logs) each worker, but its command is the tiny
+  stdlib-only :mod:`nvrx_lab.launcher.attach` (~20 ms): it hands its environment, argv, cwd and
+  stdio file descriptors (``SCM_RIGHTS``) to the zygote; a standby takes them over and runs the
+  real entrypoint with ``runpy`` in a process where torch is already imported; the zygote forks a
+  replacement standby at once;
+* exit status flows back: the zygote reaps the worker and sends its exit code or signal to the
+  attach process, which exits the same way, so torchelastic sees exactly what happened (``-9``).
+  SIGTERM to the attach process is forwarded; if the attach process is SIGKILLed (the launcher's
+  escalation), the zygote sees its socket close and SIGKILLs the worker. Standbys and workers die
+  with the zygote (``PR_SET_PDEATHSIG``), the zygote with the launcher.
+
+On GPUs the same holds as long as CUDA is first initialised in the worker, never in the zygote
+(forking an initialised CUDA context is undefined); the zygote imports torch only.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import json
+import os
+import runpy
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+
+from nvrx_lab.launcher.monitor import is_descendant, peer_credentials
+
+MAX_MSG = 1 << 20
+ATTACH_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attach.py")
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class Zygote:
+    """Launcher-side handle of the zygote process (start, wrap the entrypoint, kill workers, close)."""
+
+    def __init__(self, directory: str, nstandby: int, preload: list[str]):
+        self.path = os.path.join(directory, "zygote.sock")
+        self.proc = subprocess.Popen([sys.executable, "-m", "nvrx_lab.launcher.standby", self.path,
+                                      str(nstandby), ",".join(preload)])
+        self._ctl: socket.socket | None = None
+
+    def wrap(self, cmd: str, args: list[str]) -> tuple[str, list[str]]:
+        """torchelastic's ``(python, [-u, script, ...])`` -> the attach command for the same run."""
+        if os.path.basename(cmd).startswith("python") or cmd == sys.executable:
+            return sys.executable, ["-u", "-s", ATTACH_SCRIPT, self.path, *args]
+        raise ValueError(f"--standby needs a Python entrypoint; got --no-python command {cmd!r}")
+
+    def _control(self, timeout: float = 60.0) -> socket.socket:
+        if self._ctl is None:
+            deadline = time.monotonic() + timeout
+            while True:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"standby zygote exited with {self.proc.returncode}")
+                try:
+                    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                    s.connect(self.path)
+                    s.send(json.dumps({"op": "ctl"}).encode())
+                    self._ctl = s
+                    break
+                except OSError:
+                    s.close()
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"standby zygote at {self.path} not ready after {timeout} s")
+                    time.sleep(0.05)
+        return self._ctl
+
+    def kill_workers(self, timeout: float = 10.0) -> int:
+        """SIGKILL every worker the zygote still runs and wait until they are reaped; returns how many."""
+        ctl = self._control()
+        ctl.settimeout(timeout)
+        ctl.send(b'{"op": "kill"}')
+        return json.loads(ctl.recv(MAX_MSG))["killed"]
+
+    def close(self) -> None:
+        if self._ctl is not None:
+            self._ctl.close()
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+# ------------------------------------------------------------------ zygote process
+_ZYGOTE_SOCKETS: list[socket.socket] = []  # closed in each standby (the zygote's own ends)
+
+
+def _fork_standby() -> tuple[int, socket.socket]:
+    parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:
+        for s in [parent_end, *_ZYGOTE_SOCKETS]:
+            try:  # raw close: these objects are never touched again here (we leave with os._exit)
+                os.close(s.fileno())
+            except OSError:
+                pass
+        try:
+            code = _standby(child_end)
+        except BaseException:  # noqa: BLE001 - report and exit, never return into the zygote loop
+            traceback.print_exc()
+            code = 1
+        os._exit(code)
+    child_end.close()
+    _ZYGOTE_SOCKETS.append(parent_end)
+    return pid, parent_end
+
+
+def _standby(sock: socket.socket) -> int:
+    """In a forked child: wait for a job, adopt the attach process's stdio and env, run the entrypoint."""
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    _die_with_parent()
+    msg, fds, _, _ = socket.recv_fds(sock, MAX_MSG, 3)
+    sock.close()
+    if not msg:
+        return 0
+    job = json.loads(msg)
+    for target, fd in zip((0, 1, 2), fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.environ.clear()
+    os.environ.update(job["env"])
+    os.chdir(job["cwd"])
+    for stream in (sys.stdout, sys.stderr):
+        stream.reconfigure(line_buffering=True, write_through=True)
+    if "OMP_NUM_THREADS" in os.environ and "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    argv = [a for a in job["argv"] if a not in ("-u", "-s")]
+    try:
+        if argv and argv[0] == "-m":
+            sys.argv = [argv[1], *argv[2:]]
+            sys.path.insert(0, os.getcwd())
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(argv)
+            sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
+            runpy.run_path(argv[0], run_name="__main__")
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if not isinstance(e.code, (int, type(None))):
+            print(e.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - the worker's own failure: print it as Python would
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return code
+
+
+def serve(path: str, nstandby: int, preload: list[str]) -> None:
+    """The zygote's loop: keep ``nstandby`` standbys, hand jobs over, reap, report exits."""
+    _die_with_parent()
+    for name in preload:
+        importlib.import_module(name)
+    launcher = os.getppid()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    _ZYGOTE_SOCKETS.append(listener)
+    standbys = [_fork_standby() for _ in range(nstandby)]
+    running: dict[int, socket.socket] = {}  # worker pid -> its attach connection
+    listener.bind(path)
+    os.chmod(path, 0o600)
+    listener.listen(64)
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ, "listen")
+    ctl: socket.socket | None = None
+    kill_requested = False
+
+    def send(conn: socket.socket, obj: dict) -> None:
+        try:
+            conn.send(json.dumps(obj).encode())
+        except OSError:
+            pass
+
+    while True:
+        for key, _ in sel.select(timeout=0.01):
+            if key.data == "listen":
+                conn, _ = listener.accept()
+                _ZYGOTE_SOCKETS.append(conn)
+                pid, uid, _ = peer_credentials(conn)
+                if uid != os.getuid() or not is_descendant(pid, launcher):
+                    _ZYGOTE_SOCKETS.remove(conn)
+                    conn.close()
+                    continue
+                conn.settimeout(5)
+                msg, fds, _, _ = socket.recv_fds(conn, MAX_MSG, 3)
+                job = json.loads(msg)
+                if job["op"] == "ctl":
+                    ctl = conn
+                    sel.register(conn, selectors.EVENT_READ, "ctl")
+                    continue
+                if not standbys:
+                    standbys.append(_fork_standby())
+                wpid, wsock = standbys.pop(0)
+                socket.send_fds(wsock, [msg], fds)
+                _ZYGOTE_SOCKETS.remove(wsock)
+                wsock.close()
+                for fd in fds:
+                    os.close(fd)
+                running[wpid] = conn
+                sel.register(conn, selectors.EVENT_READ, wpid)
+                send(conn, {"pid": wpid})
+                standbys.append(_fork_standby())
+            elif key.data == "ctl":
+                data = key.fileobj.recv(MAX_MSG)
+                if not data:  # the launcher is gone: take everything down
+                    for wpid in list(running) + [p for p, _ in standbys]:
+                        os.kill(wpid, signal.SIGKILL)
+                    return
+                kill_requested, killed = True, len(running)
+                for wpid in running:
+                    os.kill(wpid, signal.SIGKILL)
+            else:  # an attach connection: readable means it closed (the attach process died)
+                wpid = key.data
+                if not key.fileobj.recv(MAX_MSG) and wpid in running:
+                    os.kill(wpid, signal.SIGKILL)
+        while True:
+            try:
+                wpid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if wpid == 0:
+                break
+            if wpid in running:
+                conn = running.pop(wpid)
+                sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+                send(conn, {"signal": sig} if sig else {"exit": os.WEXITSTATUS(status)})
+                sel.unregister(conn)
+                _ZYGOTE_SOCKETS.remove(conn)
+                conn.close()
+            else:
+                standbys = [(p, s) for p, s in standbys if p != wpid]
+        if kill_requested and not running:
+            send(ctl, {"killed": killed})
+            kill_requested = False
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1], int(sys.argv[2]), [m for m in sys.argv[3].split(",") if m])

@@ -1,0 +1,135 @@
+"""How the trainer composes the layers from its flags; each layer stays unaware of the others.
+
+* ``--ckpt sync|async`` → :class:`nvrx_lab.checkpoint.AsyncCheckpointer` on the CPU (gloo) group
+* ``--faults``          → :class:`nvrx_lab.faults.FaultInjector`, fired faults kept next to the checkpoints
+* ``--restart launcher`` → :class:`nvrx_lab.launcher.RankMonitorClient` heartbeats and sections
+* ``--restart inprocess`` → :class:`nvrx_lab.inprocess.Wrapper` around one training attempt
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from nvrx_lab.events import EventLog
+from nvrx_lab.faults import FaultInjector, parse_schedule
+
+if TYPE_CHECKING:
+    from nvrx_lab.dist import DistContext
+    from nvrx_lab.train import TrainConfig
+
+
+def check_flags(cfg: "TrainConfig") -> None:
+    """Flag combinations that cannot work, rejected before any process group or file is touched."""
+    if cfg.ckpt != "none":
+        if not cfg.ckpt_dir:
+            raise ValueError(f"--ckpt {cfg.ckpt} needs --ckpt-dir DIR (a folder shared by all ranks)")
+        if cfg.ckpt_interval < 1:
+            raise ValueError(f"--ckpt-interval must be >= 1 step, got {cfg.ckpt_interval}")
+        if cfg.ckpt_keep < 1:
+            raise ValueError(f"--ckpt-keep must be >= 1, got {cfg.ckpt_keep}")
+        path = Path(cfg.ckpt_dir)
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"--ckpt-dir {path} is a file; pass a folder (it is created if missing)")
+    if cfg.ckpt_write_bandwidth < 0:
+        raise ValueError(f"--ckpt-write-bandwidth must be >= 0 bytes/s (0 = no cap), got {cfg.ckpt_write_bandwidth}")
+    if not 0 < cfg.soft_timeout <= cfg.hard_timeout:
+        raise ValueError(f"need 0 < --soft-timeout ({cfg.soft_timeout}) <= --hard-timeout ({cfg.hard_timeout})")
+    if cfg.max_iterations < 1 or cfg.min_world_size < 1:
+        raise ValueError("--max-iterations and --min-world-size must be >= 1")
+    parse_schedule(cfg.faults)  # raises naming the bad entry
+    if cfg.restart.startswith("launcher"):
+        from nvrx_lab.launcher import RankMonitorClient
+
+        if not RankMonitorClient.available():
+            raise ValueError(f"--restart {cfg.restart} needs the workers to run under `python -m nvrx_lab.launcher` "
+                             "(no rank monitor found in the environment); use --restart none or inprocess under torchrun")
+
+
+def make_checkpointer(cfg: "TrainConfig", ctx: "DistContext", events: EventLog):
+    if cfg.ckpt == "none":
+        return None
+    from nvrx_lab.checkpoint import AsyncCheckpointer
+
+    return AsyncCheckpointer(cfg.ckpt_dir, keep_last=cfg.ckpt_keep, write_bandwidth=cfg.ckpt_write_bandwidth or None,
+                             process_group=ctx.cpu_group, emit=events.emit)
+
+
+def fault_state_file(cfg: "TrainConfig") -> Path | None:
+    """Where fired faults are remembered across restarts: beside the checkpoints, else beside the metrics."""
+    if cfg.ckpt_dir:
+        return Path(cfg.ckpt_dir) / "faults_fired.jsonl"
+    if cfg.metrics:
+        return Path(cfg.metrics).with_suffix(".faults.jsonl")
+    return None
+
+
+def make_fault_injector(cfg: "TrainConfig", rank: int, events: EventLog) -> FaultInjector | None:
+    faults = parse_schedule(cfg.faults)
+    return FaultInjector(faults, rank, state_file=fault_state_file(cfg), emit=events.emit) if faults else None
+
+
+class Monitor:
+    """The trainer's side of the launcher: heartbeats, a section around checkpoint I/O, and timeouts
+    computed from observed intervals and carried in the checkpoint (``state_dict``)."""
+
+    def __init__(self):
+        from nvrx_lab.launcher import RankMonitorClient
+
+        self.client = RankMonitorClient()
+        self.started = False
+        self.calculated = False
+        self.saves = 0
+
+    def start(self) -> None:
+        """After the process group exists; re-entrant across in-process restarts."""
+        if not self.started:
+            self.client.init_workload_monitoring()
+            self.started = True
+
+    def heartbeat(self, step: int) -> None:
+        self.client.send_heartbeat()
+
+    def section(self, name: str):
+        return _Section(self.client, name)
+
+    def after_save(self) -> None:
+        """After the second save, set timeouts from what was observed (a collective on all ranks).
+
+        Not after the first: only the second ``async_save`` can wait for a write still in flight, the
+        longest legitimate stay in the ``checkpoint`` section. A floor of 3 s keeps a noisy shared CPU
+        from reading a slow step as a hang; on GPUs with steady step times the factor 5 dominates."""
+        self.saves += 1
+        if not self.calculated and self.saves >= 2:
+            self.client.calculate_timeouts(safety_factor=5.0, floor=3.0)
+            self.calculated = True
+
+    def state_dict(self) -> str:
+        return json.dumps(self.client.state_dict())
+
+    def load_state_dict(self, text: str) -> None:
+        state = json.loads(text)
+        self.client.load_state_dict(state)
+        self.calculated = bool(state.get("timeouts"))
+
+    def close(self) -> None:
+        if self.started:
+            self.client.shutdown_workload_monitoring()
+            self.started = False
+
+
+class _Section:
+    def __init__(self, client, name: str):
+        self.client, self.name = client, name
+
+    def __enter__(self):
+        self.client.start_section(self.name)
+
+    def __exit__(self, *exc):
+        self.client.end_section(self.name)
+
+
+def launcher_restart_count() -> int:
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))

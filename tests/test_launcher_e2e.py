@@ -1,0 +1,121 @@
+"""End to end: the real launcher as a subprocess, 2 workers over gloo, deterministic faults.
+
+Each test runs ``python -m nvrx_lab.launcher --nproc-per-node 2 --rdzv-backend c10d ...
+tests/workers/launcher_worker.py`` in its own session with a bounded wait, reads the event stream
+(steps, faults, launcher_failure/restart/ready) and checks that no launcher, zygote, monitor or
+worker process is left behind.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from nvrx_lab.events import read_events
+from nvrx_lab.net import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER = str(ROOT / "tests" / "workers" / "launcher_worker.py")
+
+
+def launch(tmp_path, launcher_flags, worker_flags, timeout=60):
+    metrics = tmp_path / "events.jsonl"
+    cmd = [sys.executable, "-m", "nvrx_lab.launcher", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+           "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--monitor-interval", "0.1",
+           "--metrics-file", str(metrics), *launcher_flags, WORKER, "--metrics", str(metrics), *worker_flags]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "LOGLEVEL": "WARNING"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        descendants = []
+        try:
+            descendants = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            pass
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for p in descendants:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+    assert not descendants, f"processes left behind: {descendants}"
+    leftovers = [p for p in psutil.process_iter(["cmdline"]) if str(metrics) in " ".join(p.info["cmdline"] or [])]
+    assert not leftovers, f"orphaned workers: {leftovers}"
+    print(out[-3000:])
+    return proc.returncode, out, read_events(metrics)
+
+
+def steps_by_restart(events):
+    out = {}
+    for e in events:
+        if e["kind"] == "step":
+            out.setdefault(e["restart"], set()).add((e["rank"], e["step"]))
+    return out
+
+
+@pytest.mark.timeout(90)
+def test_sigkill_then_hang_both_restart_without_standby(tmp_path):
+    """Plain torchelastic process start: a SIGKILL (attempt 0) and a hang (attempt 1) both recover."""
+    rc, out, ev = launch(tmp_path, ["--max-restarts", "3", "--heartbeat-timeout", "2", "--no-standby"],
+                         ["--steps", "12", "--fault", "kill", "--fault-restarts", "0"])
+    assert rc == 0, out
+    fail = [e for e in ev if e["kind"] == "launcher_failure"]
+    assert [(e["rank"], e["signal"], e["restart_count"]) for e in fail] == [(1, "SIGKILL", 1)]
+    assert "worker group failed: rank 1 killed by SIGKILL; restart 1/3" in out
+    done = steps_by_restart(ev)
+    assert {(r, 11) for r in (0, 1)} <= done[1]  # TORCHELASTIC_RESTART_COUNT=1 seen by both ranks
+    assert [e for e in ev if e["kind"] == "launcher_restart"]
+
+
+@pytest.mark.timeout(90)
+def test_hangs_detected_and_restarted_with_standby(tmp_path):
+    rc, out, ev = launch(tmp_path, ["--max-restarts", "3", "--heartbeat-timeout", "2"],
+                         ["--steps", "12", "--fault", "hang", "--fault-restarts", "0-1"])
+    assert rc == 0, out
+    fail = [e for e in ev if e["kind"] == "launcher_failure" and e["rank"] == 1]
+    assert [(e["reason"], e["restart_count"]) for e in fail] == [("hang", 1), ("hang", 2)]
+    assert all(1.9 < e["detect_s"] < 10 for e in fail)
+    assert "rank 1 missed heartbeats" in out and "restart 2/3" in out
+    assert {(r, 11) for r in (0, 1)} <= steps_by_restart(ev)[2]
+    starts = [e for e in ev if e["kind"] == "worker_start" and e["restart"] > 0]
+    assert starts and all(e["import_s"] < 0.05 for e in starts)  # warm standby: torch already imported
+    assert len([e for e in ev if e["kind"] == "launcher_ready"]) == 2
+
+
+@pytest.mark.timeout(90)
+def test_long_phase_inside_section_is_not_a_hang_but_outside_it_is(tmp_path):
+    ok_dir, bad_dir = tmp_path / "ok", tmp_path / "bad"
+    ok_dir.mkdir(), bad_dir.mkdir()
+    slow = ["--steps", "6", "--fault", "slow", "--fault-step", "2", "--slow-s", "4"]
+    rc, out, ev = launch(ok_dir, ["--max-restarts", "0", "--heartbeat-timeout", "1.5",
+                                  "--section-timeouts", "checkpoint=20"], [*slow, "--section", "checkpoint"])
+    assert rc == 0, out
+    assert not [e for e in ev if e["kind"].startswith("launcher_")]
+    rc, out, ev = launch(bad_dir, ["--max-restarts", "0", "--heartbeat-timeout", "1.5"], slow)
+    assert rc == 1, out  # the same phase without a section: a false hang, killed
+    assert [e["reason"] for e in ev if e["kind"] == "launcher_failure"][:1] == ["hang"]
+    assert "no restarts left" in out
+
+
+@pytest.mark.timeout(90)
+def test_min_healthy_stops_the_hung_rank_and_lets_the_survivor_finish(tmp_path):
+    """The survivor's stand-in for the in-process wrapper gives up on its peer after 1.5 s (gloo timeout),
+    before the launcher's 4 s heartbeat timeout (as NVRx advises: launcher timeouts above in-process ones)."""
+    rc, out, ev = launch(tmp_path, ["--max-restarts", "2", "--heartbeat-timeout", "4", "--restart-policy",
+                                    "min-healthy", "--min-healthy", "1"],
+                         ["--steps", "40", "--fault", "hang", "--fault-step", "3", "--on-peer-loss", "continue",
+                          "--pg-timeout", "1.5"])
+    assert rc == 0, out
+    fail = [e for e in ev if e["kind"] == "launcher_failure"]
+    assert len(fail) == 1 and fail[0]["rank"] == 1 and fail[0]["reason"] == "hang"
+    assert "continuing without restart" in fail[0]["action"]
+    assert not [e for e in ev if e["kind"] == "launcher_restart"]
+    assert (0, 39) in steps_by_restart(ev)[0]  # rank 0 trained to the end, no restart

@@ -1,0 +1,151 @@
+"""Fast tests of the launcher's parts: timeouts, config errors, monitor + client over real sockets."""
+
+import os
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+from nvrx_lab.launcher import RankMonitorClient, RankMonitorClientError, Timeouts
+from nvrx_lab.launcher.cli import ConfigError, load_yaml, parse
+from nvrx_lab.launcher.monitor import MonitorServer
+from nvrx_lab.launcher.policy import MinHealthy, any_failed, make_policy
+from nvrx_lab.launcher.timeouts import Observed, RankClock, calculate, find_hang, parse_section_timeouts
+from nvrx_lab.net import wait_for
+
+
+def test_find_hang_initial_steady_and_sections():
+    t = Timeouts(initial=10, steady=3, sections={"checkpoint": 20})
+    c = RankClock(connected_at=0.0)
+    assert find_hang(c, t, 9.0) is None
+    assert "first heartbeat" in find_hang(c, t, 11.0)[0]
+    c.last_heartbeat = 11.0
+    assert find_hang(c, t, 13.9) is None
+    assert "missed heartbeats for 3.5 s" in find_hang(c, t, 14.5)[0]
+    c.open_sections["checkpoint"] = 12.0  # a long legitimate phase: heartbeat timeout suspended
+    assert find_hang(c, t, 31.0) is None
+    assert "section 'checkpoint'" in find_hang(c, t, 33.0)[0]
+    del c.open_sections["checkpoint"]
+    c.last_section_end = 30.0  # silence counts from the section's end
+    assert find_hang(c, t, 32.0) is None
+    c.open_sections["unconfigured"] = 40.0  # a section without a timeout is unbounded
+    assert find_hang(c, t, 1000.0) is None
+
+
+def test_calculate_and_parse():
+    t = calculate(Observed(initial=2.0, steady=0.1, sections={"ckpt": 4.0}), Timeouts(initial=60, steady=30))
+    assert t.initial == 60 and t.steady == 1.0 and t.sections == {"ckpt": 20.0}  # floor 1 s, initial never shrinks
+    assert parse_section_timeouts("checkpoint=30, eval=60") == {"checkpoint": 30.0, "eval": 60.0}
+    for bad in ("checkpoint", "checkpoint=x", "checkpoint=-1", "=3"):
+        with pytest.raises(ValueError, match="section-timeouts"):
+            parse_section_timeouts(bad)
+    with pytest.raises(ValueError, match="'steady'"):
+        Timeouts(steady=0)
+
+
+def test_policies():
+    assert any_failed(1, 2) and not any_failed(2, 2)
+    assert not MinHealthy(1)(1, 2) and MinHealthy(1)(0, 2)
+    with pytest.raises(ValueError, match="min_healthy=3 exceeds"):
+        make_policy("min-healthy", 2, 3)
+
+
+def test_cli_reuses_torchrun_and_yaml_precedence(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("heartbeat_timeout: 4\nsection_timeouts: {checkpoint: 30}\nmax_restarts: 2\n")
+    args, s = parse(["--config", str(cfg), "--nproc-per-node", "2", "--heartbeat-timeout", "3", "w.py", "--x"])
+    assert s.heartbeat_timeout == 3.0  # flag beats file
+    assert s.section_timeouts == {"checkpoint": 30.0} and args.max_restarts == 2  # file beats default
+    assert args.nproc_per_node == "2" and args.training_script_args == ["--x"] and args.shutdown_timeout == 5
+
+
+@pytest.mark.parametrize("text,match", [
+    ("heartbeat_timout: 3\n", "unknown key 'heartbeat_timout'"),
+    ("heartbeat_timeout: fast\n", "key 'heartbeat_timeout' must be a number"),
+    ("heartbeat_timeout: 0\n", "key 'heartbeat_timeout' must be > 0"),
+    ("restart_policy: sometimes\n", "key 'restart_policy'"),
+    ("section_timeouts: {checkpoint: -2}\n", "section_timeouts"),
+    ("- a\n", "expected a mapping"),
+])
+def test_yaml_errors_name_the_key(tmp_path, text, match):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(text)
+    with pytest.raises(ConfigError, match=match):
+        load_yaml(str(cfg))
+
+
+def test_bad_flags_exit_2(tmp_path, capsys):
+    from nvrx_lab.launcher.__main__ import main
+
+    assert main(["--config", str(tmp_path / "missing.yaml"), "w.py"]) == 2
+    assert "cannot read" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["--heartbeat-timeout", "-1", "w.py"])
+    assert e.value.code == 2
+
+
+def test_monitor_and_client_over_private_socket(tmp_path):
+    server = MonitorServer(2, Timeouts(initial=5, steady=0.3, sections={"ckpt": 5}))
+    try:
+        assert stat.S_IMODE(os.stat(server.dir).st_mode) == 0o700
+        client = RankMonitorClient(server.dir, local_rank=1)
+        client.init_workload_monitoring()
+        assert client.timeouts.steady == 0.3
+        n, t0 = 20000, time.perf_counter()
+        for _ in range(n):
+            client.send_heartbeat()
+        print(f"send_heartbeat: {(time.perf_counter() - t0) / n * 1e6:.2f} us")
+        wait_for(lambda: server.state(1).first_heartbeat_at, 5, what="first heartbeat")
+        client.start_section("ckpt")
+        time.sleep(0.6)  # longer than the steady timeout, inside a section: not a hang
+        assert server.hung() == []
+        client.end_section("ckpt")
+        client.send_heartbeat()
+        wait_for(lambda: server.hung(), 3, what="missed heartbeats")
+        assert server.hung()[0][0] == 1 and "missed heartbeats" in server.hung()[0][1]
+        new = client.calculate_timeouts(safety_factor=5, floor=1.0)
+        assert new.sections["ckpt"] >= 3.0 and new.steady >= 1.0
+        wait_for(lambda: server.state(1).timeouts.sections["ckpt"] == new.sections["ckpt"], 3, what="new timeouts")
+        sd = client.state_dict()
+        client.shutdown_workload_monitoring()
+        wait_for(lambda: server.state(1).done, 3, what="clean shutdown")
+        assert server.hung() == []
+        restored = RankMonitorClient(server.dir, local_rank=1)
+        restored.load_state_dict(sd)
+        restored.init_workload_monitoring()  # timeouts from the checkpoint reach the monitor
+        wait_for(lambda: server.state(1).timeouts.to_dict() == new.to_dict(), 3, what="restored timeouts")
+        restored.shutdown_workload_monitoring()
+    finally:
+        server.close()
+    assert not os.path.exists(server.dir)
+
+
+def test_monitor_refuses_strangers_and_reports_death():
+    server = MonitorServer(1, Timeouts())
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        real_owner, server.owner_pid = server.owner_pid, other.pid  # we are not a descendant of `other`
+        with pytest.raises(RankMonitorClientError, match="refused"):
+            RankMonitorClient(server.dir, 0).init_workload_monitoring(timeout=5)
+        assert server.refused == 1
+        server.owner_pid = real_owner
+        child = subprocess.Popen([sys.executable, "-c", (
+            "import time; from nvrx_lab.launcher import RankMonitorClient as C; "
+            f"c = C({server.dir!r}, 0); c.init_workload_monitoring(); c.send_heartbeat(); time.sleep(30)")])
+        wait_for(lambda: server.state(0).first_heartbeat_at, 20, what="child heartbeat")
+        child.kill()
+        child.wait()
+        wait_for(lambda: server.state(0).lost_at, 5, what="closed connection noticed")
+    finally:
+        other.kill()
+        other.wait()
+        server.close()
+
+
+def test_client_without_launcher_is_a_clear_error(monkeypatch):
+    monkeypatch.delenv("NVRX_LAB_MONITOR_DIR", raising=False)
+    assert not RankMonitorClient.available()
+    with pytest.raises(RankMonitorClientError, match="NVRX_LAB_MONITOR_DIR"):
+        RankMonitorClient().init_workload_monitoring()
