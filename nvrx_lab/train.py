@@ -19,6 +19,7 @@ world size give the same loss curve bit for bit; a resumed run continues it exac
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 import time
@@ -34,7 +35,8 @@ from nvrx_lab import layers
 from nvrx_lab.cli import parse_dataclass
 from nvrx_lab.data import SyntheticTokens
 from nvrx_lab.dist import DistContext, env_rank, init_distributed
-from nvrx_lab.events import EventLog
+from nvrx_lab.events import EventLog, read_events
+from nvrx_lab.goodput import analyze
 from nvrx_lab.model import ModelConfig, Transformer
 
 StepHook = Callable[[int], None]
@@ -228,10 +230,10 @@ def run_plain(cfg: TrainConfig, events: EventLog, injector, monitor) -> dict:
             monitor.start()
         return train(cfg, ctx, events, checkpointer, monitor, before_step=(injector,) if injector else ())
     finally:
+        if monitor is not None:  # first: shutting down the writer is no reason to be declared hung
+            monitor.close()
         if checkpointer is not None:
             checkpointer.close()
-        if monitor is not None:
-            monitor.close()
         dist.destroy_process_group()
 
 
@@ -254,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         summary = run_plain(cfg, events, injector, monitor)
     events.emit("end", steps=summary["steps"])
+    if rank == 0 and cfg.metrics:  # one line a job log collector (nvrx_lab.eks.submit) picks up
+        print("GOODPUT " + json.dumps(analyze(read_events(cfg.metrics)).row()), flush=True)
     return 0
 
 

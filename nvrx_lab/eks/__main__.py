@@ -1,0 +1,92 @@
+"""``python -m nvrx_lab.eks``: render, validate, submit and delete jobs from the command line.
+
+    python -m nvrx_lab.eks render --out manifests/ [--nodes 2] [--image IMG] [--fsx-id fs-… …]
+    python -m nvrx_lab.eks validate manifests/*.yaml
+    python -m nvrx_lab.eks submit --cluster C --region R --name N --image IMG --mode ft_launcher [--no-dry-run]
+    python -m nvrx_lab.eks delete --cluster C --region R --name N
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import yaml
+
+from nvrx_lab.eks.auth import EksError
+from nvrx_lab.eks.modes import MODES
+from nvrx_lab.eks.spec import JobSpec
+from nvrx_lab.eks.submit import delete, submit
+from nvrx_lab.eks.validate import ManifestError, validate
+from nvrx_lab.eks.yamlio import EXAMPLE, write_manifests
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m nvrx_lab.eks", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("render", help="write namespace, FSx storage and one Job file per mode")
+    r.add_argument("--out", default="manifests/", help="output directory (default: manifests/)")
+    r.add_argument("--nodes", type=int, default=2, help="nodes per job (default: 2)")
+    r.add_argument("--image", default=EXAMPLE["image"], help="training image")
+    r.add_argument("--instance-type", default="p5.48xlarge", help="EC2 instance type of the nodes")
+    r.add_argument("--namespace", default="nvrx-lab", help="namespace of the jobs")
+    r.add_argument("--fsx-id", default=EXAMPLE["fsx_volume_handle"], help="FSx for Lustre file system id")
+    r.add_argument("--fsx-dns", default=EXAMPLE["fsx_dns_name"], help="FSx DNS name")
+    r.add_argument("--fsx-mount-name", default=EXAMPLE["fsx_mount_name"], help="FSx Lustre mount name")
+    v = sub.add_parser("validate", help="validate YAML files against the Kubernetes schemas (strict)")
+    v.add_argument("files", nargs="+")
+    for name in ("submit", "delete"):
+        s = sub.add_parser(name, help=f"{name} a job on an EKS cluster")
+        s.add_argument("--cluster", required=True)
+        s.add_argument("--region", required=True)
+        s.add_argument("--name", required=True, help="job name")
+        s.add_argument("--namespace", default="nvrx-lab")
+        s.add_argument("--api-server", default=None, help="override the cluster endpoint (tunnel/proxy)")
+        if name == "submit":
+            s.add_argument("--image", required=True)
+            s.add_argument("--mode", choices=list(MODES), default="ft_launcher")
+            s.add_argument("--nodes", type=int, default=2)
+            s.add_argument("--instance-type", default="p5.48xlarge")
+            s.add_argument("--steps", type=int, default=1000)
+            s.add_argument("--ckpt-interval", type=int, default=100)
+            s.add_argument("--faults", default="")
+            s.add_argument("--fsx-claim", default="fsx-claim")
+            s.add_argument("--no-dry-run", action="store_true", help="really submit (default: render and validate only)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.cmd == "render":
+            paths = write_manifests(args.out, nodes=args.nodes, image=args.image, instance_type=args.instance_type,
+                                    namespace=args.namespace, fsx_volume_handle=args.fsx_id, fsx_dns_name=args.fsx_dns,
+                                    fsx_mount_name=args.fsx_mount_name)
+            for path in paths:
+                docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+                validate(docs)
+                print(f"wrote {path} ({len(docs)} objects, valid)")
+        elif args.cmd == "validate":
+            for f in args.files:
+                with open(f) as fh:
+                    validate([d for d in yaml.safe_load_all(fh) if d])
+                print(f"{f}: valid")
+        elif args.cmd == "submit":
+            spec = JobSpec(name=args.name, image=args.image, nodes=args.nodes, mode=args.mode, namespace=args.namespace,
+                           instance_type=args.instance_type, steps=args.steps, ckpt_interval=args.ckpt_interval,
+                           faults=args.faults, fsx_claim=args.fsx_claim)
+            res = submit(spec, args.cluster, args.region, dry_run=not args.no_dry_run, api_server=args.api_server)
+            print("\n".join(res.actions) or f"dry run: {len(res.manifests)} objects valid (pass --no-dry-run to submit)")
+            print(f"status: {res.status}; goodput: {res.goodput}")
+            return 0 if res.status in ("dry-run", "submitted", "Succeeded") else 1
+        else:
+            spec = JobSpec(name=args.name, image="unused", namespace=args.namespace)
+            print("\n".join(delete(spec, args.cluster, args.region, api_server=args.api_server)) or "nothing to delete")
+    except (ValueError, ManifestError, EksError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, ValueError) else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

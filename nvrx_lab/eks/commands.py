@@ -1,0 +1,151 @@
+"""The container's command line: the launcher's and the trainer's flags, each with the reason it is set.
+
+The pod runs ``bash -c SCRIPT``; the script is short, readable in ``kubectl get job -o yaml``, and
+carries one comment per flag inside bash arrays (comments are legal there)::
+
+    launcher_args=(
+      --node-rank="${JOB_COMPLETION_INDEX}"   # node rank = the pod's completion index ...
+    )
+    exec python -m torch.distributed.run "${launcher_args[@]}" -m nvrx_lab.train "${trainer_args[@]}"
+
+Everything that differs between pods or between a cluster and a laptop comes from environment
+variables the manifest sets (``NNODES``, ``NPROC_PER_NODE``, ``RANK0_HOST``, ``MASTER_PORT``,
+``RDZV_PORT``, ``RUN_DIR``) and from ``JOB_COMPLETION_INDEX``, which the Indexed Job gives each pod.
+No ``getent``, no sleeps: rank 0 is ``<job>-0.<job>`` by construction, and the stores' clients
+retry their connection until rank 0's pod is up, for 2 nodes or 128.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from nvrx_lab.eks.spec import JobSpec
+
+CONFIG_DIR = "/etc/nvrx_lab"
+CONFIG_FILE = "launcher.yaml"
+JOIN_TIMEOUT_S = 1800
+
+
+@dataclass(frozen=True)
+class Flag:
+    flag: str
+    """The flag, e.g. ``--nnodes``."""
+    value: str | None
+    """Its value as the shell sees it (may reference ``${VAR}``); ``None`` for a bare switch."""
+    why: str
+    """The comment written next to it."""
+
+    def shell(self) -> str:
+        if self.value is None:
+            return self.flag
+        quoted = f'"{self.value}"' if "$" in self.value else shlex.quote(self.value)
+        return f"{self.flag}={quoted}"
+
+
+def launcher_flags(s: JobSpec) -> list[Flag]:
+    """torchrun's flags (static store on rank 0) or ``nvrx_lab.launcher``'s (c10d rendezvous, in-job restarts)."""
+    m = s.mode_info
+    flags = [
+        Flag("--nnodes", "${NNODES}", "one pod per node; the Job's parallelism"),
+        Flag("--nproc-per-node", "${NPROC_PER_NODE}", "one worker per GPU the pod was given (nvidia.com/gpu)"),
+    ]
+    if not m.uses_launcher:
+        return flags + [
+            Flag("--node-rank", "${JOB_COMPLETION_INDEX}", "node rank = completion index: stable across pod replacements"),
+            Flag("--master-addr", "${RANK0_HOST}", "rank 0's pod through the headless Service: <job>-0.<job>"),
+            Flag("--master-port", "${MASTER_PORT}", "torchrun's store on rank 0; clients retry until it listens"),
+            Flag("--max-restarts", "0", "a dead worker fails the pod; Kubernetes replaces it (backoffLimit)"
+                 + ("; exceptions are handled in-process first" if m.inprocess else "")),
+        ]
+    return flags + [
+        Flag("--rdzv-backend", "c10d", "rendezvous over a TCP store: every restart re-forms the group with fresh state"),
+        Flag("--rdzv-endpoint", "${RANK0_HOST}:${RDZV_PORT}", "the store runs in completion index 0's launcher"),
+        Flag("--rdzv-id", s.name, "one rendezvous per Job"),
+        Flag("--rdzv-conf", f"is_host=${{IS_RDZV_HOST}},join_timeout={JOIN_TIMEOUT_S}",
+             "index 0 hosts the store (no hostname guessing); pods may start minutes apart (image pulls)"),
+        Flag("--max-restarts", str(s.max_restarts), "in-pod restarts of the worker group before the pod fails"),
+        Flag("--monitor-interval", f"{s.monitor_interval:g}", "seconds between checks of worker exits and heartbeats"),
+        Flag("--metrics-file", "${RUN_DIR}/metrics.jsonl", "restart events join the trainer's event stream"),
+        Flag("--config", f"{CONFIG_DIR}/{CONFIG_FILE}", "heartbeat, section timeouts and restart policy (ConfigMap)"),
+    ]
+
+
+def trainer_flags(s: JobSpec) -> list[Flag]:
+    m = s.mode_info
+    flags = [
+        Flag("--steps", str(s.steps), "total optimizer steps; a resumed run stops at the same step"),
+        Flag("--seed", str(s.seed), "model init and token stream"),
+        Flag("--global-batch", str(s.batch), f"sequences per step across all {s.nodes * s.gpus} GPUs"),
+        Flag("--metrics", "${RUN_DIR}/metrics.jsonl", "the event stream (steps, saves, faults, restarts) on FSx"),
+        Flag("--ckpt", s.ckpt_mode, {"none": "no checkpoints", "sync": "blocking saves",
+                                     "async": "saves overlap training"}[s.ckpt_mode]),
+        Flag("--ckpt-interval", str(s.ckpt_interval), "steps between checkpoints"),
+        Flag("--ckpt-dir", "${RUN_DIR}/ckpt", "shared by all nodes (FSx), so any pod can resume"),
+        Flag("--restart", m.restart, m.summary),
+    ]
+    if s.faults:
+        flags.append(Flag("--faults", s.faults, "injected faults RANK:STEP:KIND, each fires once"))
+    return flags
+
+
+def launcher_config(s: JobSpec) -> str:
+    """The launcher's YAML config file (keys = its flags' names), one comment per key."""
+    m = s.mode_info
+    lines = [
+        "# nvrx_lab.launcher config: keys are the flags' names (--heartbeat-timeout -> heartbeat_timeout).",
+        "# Seconds without a heartbeat, once a rank has sent its first one, before it counts as hung.",
+        f"heartbeat_timeout: {s.heartbeat_timeout:g}",
+        "# Seconds until the first heartbeat: imports, model build and checkpoint load from FSx.",
+        f"initial_heartbeat_timeout: {s.initial_heartbeat_timeout:g}",
+        "# Per-section timeouts: a long save inside 'checkpoint' is not mistaken for a hang.",
+        "section_timeouts: " + (",".join(f"{k}={v:g}" for k, v in s.section_timeouts.items()) or "''"),
+        "# " + {"any-failed": "any-failed: restart the whole group when any rank fails.",
+                "min-healthy": "min-healthy: exceptions stay in-process; restart only when a rank died or hung."}[m.restart_policy],
+        f"restart_policy: {m.restart_policy}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _array(name: str, flags: list[Flag]) -> list[str]:
+    width = max(len(f.shell()) for f in flags) + 2
+    return [f"{name}=("] + [f"  {f.shell():<{width}}# {f.why}" for f in flags] + [")"]
+
+
+def container_script(s: JobSpec) -> str:
+    """The ``bash -c`` script of the training container."""
+    m = s.mode_info
+    runner = "nvrx_lab.launcher" if m.uses_launcher else "torch.distributed.run"
+    lines = [
+        f"# nvrx_lab mode {m.name}: {m.summary}.",
+        "# Rendered by `python -m nvrx_lab.eks render`; edit the JobSpec, not this script.",
+        "set -euo pipefail",
+        "# The Indexed Job gives each pod its completion index 0..NNODES-1: that is its node rank.",
+        ': "${JOB_COMPLETION_INDEX:?set by the Indexed Job}"',
+        'mkdir -p "${RUN_DIR}"',
+    ]
+    if m.uses_launcher:
+        lines += ["# Completion index 0 hosts the rendezvous store; the others connect to it.",
+                  "IS_RDZV_HOST=$(( JOB_COMPLETION_INDEX == 0 ? 1 : 0 ))"]
+    lines += _array("launcher_args", launcher_flags(s))
+    trainer = trainer_flags(s)
+    lines += _array("trainer_args", trainer)
+    if s.train_extra:
+        lines.append("trainer_args+=(" + " ".join(shlex.quote(a) for a in s.train_extra) + ")  # JobSpec.train_extra")
+    lines += [
+        'echo "node ${JOB_COMPLETION_INDEX} of ${NNODES}: ${NPROC_PER_NODE} workers, rank 0 at ${RANK0_HOST}"',
+        f'exec python -m {runner} "${{launcher_args[@]}}" -m {s.train_module} "${{trainer_args[@]}}"',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def argv(flags: list[Flag], env: dict[str, str]) -> list[str]:
+    """Plain argv of ``flags`` with ``${VAR}`` expanded from ``env`` (for tests and people)."""
+    out = []
+    for f in flags:
+        value = f.value
+        if value is not None:
+            for k, v in env.items():
+                value = value.replace("${" + k + "}", v)
+        out.append(f.flag if value is None else f"{f.flag}={value}")
+    return out

@@ -1,0 +1,102 @@
+"""The five ways a job runs, and what each needs from Kubernetes, the launcher and NCCL.
+
+========================  =====================  ==========================  ==========================
+mode                      launcher               who restarts after a fault  trainer flags
+========================  =====================  ==========================  ==========================
+baseline                  torchrun               Kubernetes (new pods)       ``--ckpt sync``
+async_ckpt                torchrun               Kubernetes (new pods)       ``--ckpt async``
+inprocess                 torchrun               the trainer, in-process     ``--restart inprocess``
+ft_launcher               nvrx_lab.launcher      the launcher, in the pod    ``--restart launcher``
+ft_launcher+inprocess     nvrx_lab.launcher      both (min-healthy)          ``--restart launcher+inprocess``
+========================  =====================  ==========================  ==========================
+
+The NCCL settings differ by what must survive an error. Under Kubernetes restarts the process
+should die fast so the pod fails (``TORCH_NCCL_ASYNC_ERROR_HANDLING=3``, PyTorch's default,
+written out). Under the launcher it should abort its communicators and exit, so the launcher
+sees the exit within its monitor interval (``=1``, what NVRx's ft_launcher sets). In-process
+restart must keep the process: the watchdog only aborts the communicator (``=2``), CUDA and NCCL
+errors are not rethrown from the watchdog thread (``TORCH_NCCL_RETHROW_CUDA_ERRORS=0``), and
+NVLink SHARP is off (``NCCL_NVLS_ENABLE=0``): NVLS multicast buffers are not released by
+``ncclCommAbort``, so the re-created communicator of the next attempt would fail or leak memory
+(NVRx's in-process usage guide lists both as requirements).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    """The mode's name, as in ``JobSpec.mode``."""
+    launcher: str
+    """``torchrun`` (``python -m torch.distributed.run``) or ``launcher`` (``python -m nvrx_lab.launcher``)."""
+    restart: str
+    """The trainer's ``--restart`` value."""
+    ckpt: str
+    """The trainer's ``--ckpt`` value unless the spec sets one."""
+    restart_policy: str
+    """The launcher's ``--restart-policy`` (launcher modes only)."""
+    kubernetes_restarts: bool
+    """Whether a fault is recovered by Kubernetes replacing pods (large ``backoffLimit``)."""
+    summary: str
+    """One line for people."""
+
+    @property
+    def inprocess(self) -> bool:
+        return "inprocess" in self.restart
+
+    @property
+    def uses_launcher(self) -> bool:
+        return self.launcher == "launcher"
+
+
+MODES: dict[str, Mode] = {m.name: m for m in [
+    Mode("baseline", "torchrun", "none", "sync", "", True,
+         "torchrun; a fault fails the pod and Kubernetes starts a new one (backoffLimit, podFailurePolicy)"),
+    Mode("async_ckpt", "torchrun", "none", "async", "", True,
+         "as baseline, with asynchronous checkpoints that overlap training"),
+    Mode("inprocess", "torchrun", "inprocess", "sync", "", True,
+         "torchrun; Python exceptions are recovered in-process, a dead process falls back to Kubernetes"),
+    Mode("ft_launcher", "launcher", "launcher", "sync", "any-failed", False,
+         "nvrx_lab.launcher restarts the worker group in the pod on a crash or missed heartbeats"),
+    Mode("ft_launcher+inprocess", "launcher", "launcher+inprocess", "sync", "min-healthy", False,
+         "exceptions recovered in-process; crashes and hangs by the launcher (min-healthy)"),
+]}
+
+
+def mode(name: str) -> Mode:
+    try:
+        return MODES[name]
+    except KeyError:
+        raise ValueError(f"JobSpec.mode: unknown mode {name!r}; allowed: {', '.join(MODES)}") from None
+
+
+def nccl_env(m: Mode, efa: int, efa_rdma: bool, hugepages: bool, nccl_debug: str) -> list[tuple[str, str, str]]:
+    """(name, value, why) of the EFA, NCCL and PyTorch variables mode ``m`` needs."""
+    env = [
+        ("PYTHONUNBUFFERED", "1", "logs reach `kubectl logs` (and the goodput pick-up) line by line"),
+        ("NCCL_DEBUG", nccl_debug, "WARN: errors and the transport chosen; INFO to debug EFA set-up"),
+        ("NCCL_SOCKET_IFNAME", "^docker,lo,veth", "NCCL's bootstrap sockets on the pod's VPC interface, never loopback or veth"),
+    ]
+    if efa:
+        env += [
+            ("FI_PROVIDER", "efa", "libfabric uses the EFA provider (aws-ofi-nccl), never its TCP fallback"),
+            ("FI_EFA_FORK_SAFE", "1", "dataloader workers and the async checkpoint writer fork after EFA registered memory"),
+        ]
+        if efa_rdma:
+            env.append(("FI_EFA_USE_DEVICE_RDMA", "1", "GPUDirect RDMA over EFA (p4d/p5); GPU memory goes to the NIC without a host copy"))
+        if not hugepages:
+            env.append(("FI_EFA_USE_HUGE_PAGE", "0", "no hugepages requested: libfabric allocates its buffers from normal pages"))
+    if m.inprocess:
+        env += [
+            ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2", "in-process restart: the watchdog aborts the communicator but keeps the process"),
+            ("TORCH_NCCL_RETHROW_CUDA_ERRORS", "0", "in-process restart: CUDA/NCCL errors are not rethrown from the watchdog thread (which kills the process)"),
+            ("NCCL_NVLS_ENABLE", "0", "in-process restart: NVLS multicast memory is not freed by ncclCommAbort; the next attempt's communicator would fail"),
+        ]
+    elif m.uses_launcher:
+        env.append(("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1", "launcher: abort the communicator and exit, so the launcher sees the failure within --monitor-interval"))
+    else:
+        env.append(("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3", "Kubernetes restarts: tear the process down on an NCCL error so the pod fails fast"))
+    return env
