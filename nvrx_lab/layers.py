@@ -8,16 +8,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch.distributed as dist
+
+from nvrx_lab.dist import DistContext, env_rank, pick_device
 from nvrx_lab.events import EventLog
 from nvrx_lab.faults import FaultInjector, parse_schedule
 
 if TYPE_CHECKING:
-    from nvrx_lab.dist import DistContext
     from nvrx_lab.train import TrainConfig
 
 
@@ -129,6 +132,55 @@ class _Section:
 
     def __exit__(self, *exc):
         self.client.end_section(self.name)
+
+
+def run_inprocess(cfg: "TrainConfig", events: EventLog, injector, monitor) -> dict:
+    """Training attempts inside :class:`nvrx_lab.inprocess.Wrapper`: a fault anywhere interrupts every
+    rank, the group is torn down and the function is re-entered, resuming from the newest checkpoint.
+
+    The process group comes from the wrapper (its sockets are what an abort cuts); rank and world size
+    come from the wrapper too, since they change when a rank is lost. On GPUs one group serves both
+    devices (``cpu:gloo,cuda:nccl``), so the abort reaches the CPU-side collectives as well."""
+    from nvrx_lab.inprocess import CallWrapper, Wrapper
+    from nvrx_lab.train import train
+
+    _, _, local_rank = env_rank()
+    device = pick_device(cfg.device, local_rank)
+    persistent: dict = {}  # the checkpointer outlives attempts: one writer process, rebound to each new group
+
+    @Wrapper(soft_timeout=cfg.soft_timeout, hard_timeout=cfg.hard_timeout, max_iterations=cfg.max_iterations,
+             min_world_size=cfg.min_world_size, pg_timeout=cfg.pg_timeout, emit=events.emit)
+    def attempt(cw: CallWrapper) -> dict:
+        if device.type == "cuda":
+            cw.init_process_group(backend="cpu:gloo,cuda:nccl", device_id=device)
+        else:
+            cw.init_process_group(backend="gloo")
+        cw.ping()  # joining the group is progress: the soft timeout counts from here
+        ctx = DistContext(cw.rank, cw.world_size, local_rank, device, dist.group.WORLD)
+        if "ckpt" not in persistent:
+            persistent["ckpt"] = make_checkpointer(cfg, ctx, events)
+        elif persistent["ckpt"] is not None:
+            persistent["ckpt"].rebind(ctx.cpu_group)
+        if monitor is not None:
+            monitor.start()
+
+        @contextlib.contextmanager
+        def io_section(name: str):
+            with cw.atomic(), (monitor.section(name) if monitor is not None else contextlib.nullcontext()):
+                yield
+
+        summary = train(cfg, ctx, events, persistent["ckpt"], monitor, before_step=(injector,) if injector else (),
+                        io_section=io_section, on_resume=lambda load_s: cw.record("reload_s", load_s), progress=cw.ping)
+        cw.ping()
+        return summary
+
+    try:
+        return attempt()
+    finally:
+        if monitor is not None:
+            monitor.close()
+        if persistent.get("ckpt") is not None:
+            persistent["ckpt"].close()
 
 
 def launcher_restart_count() -> int:

@@ -158,7 +158,9 @@ def check_config(cfg: TrainConfig, world_size: int) -> None:
 
 
 def train(cfg: TrainConfig, ctx: DistContext, events: EventLog, checkpointer=None, monitor=None,
-          before_step: tuple[StepHook, ...] = (), after_step: tuple[StepHook, ...] = ()) -> dict:
+          before_step: tuple[StepHook, ...] = (), after_step: tuple[StepHook, ...] = (),
+          io_section: Callable[[str], contextlib.AbstractContextManager] | None = None,
+          on_resume: Callable[[float], None] | None = None, progress: Callable[[], None] | None = None) -> dict:
     """One training attempt on an initialised process group; returns a summary.
 
     ``checkpointer`` follows :class:`nvrx_lab.checkpoint.AsyncCheckpointer`'s API: the attempt resumes
@@ -171,14 +173,19 @@ def train(cfg: TrainConfig, ctx: DistContext, events: EventLog, checkpointer=Non
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     data = SyntheticTokens(cfg.vocab_size, cfg.seq_len, cfg.global_batch, seed=cfg.seed)
     state = TrainState(model, optimizer, data, monitor)
-    section = monitor.section if monitor is not None else (lambda name: contextlib.nullcontext())
+    progress()
+    section = io_section or (monitor.section if monitor is not None else (lambda name: contextlib.nullcontext()))
     if checkpointer is not None and (resume := checkpointer.latest_step()) is not None:
         t0 = time.perf_counter()
         with section("checkpoint_load"):
             sd = state.state_dict()
             checkpointer.load(sd, step=resume)
             state.load_state_dict(sd)
-        events.emit("resume", step=state.step, load_s=time.perf_counter() - t0, world_size=ctx.world_size)
+        load_s = time.perf_counter() - t0
+        events.emit("resume", step=state.step, load_s=load_s, world_size=ctx.world_size)
+        if on_resume is not None:
+            on_resume(load_s)
+        progress()
     tokens_per_step = cfg.global_batch * cfg.seq_len
     losses: list[float] = []
     while state.step < cfg.steps:
@@ -206,6 +213,7 @@ def train(cfg: TrainConfig, ctx: DistContext, events: EventLog, checkpointer=Non
                 print(f"step {step:5d}  loss {global_loss:.4f}  {step_time * 1e3:7.1f} ms", flush=True)
         if monitor is not None:
             monitor.heartbeat(step)
+        progress()
         if checkpointer is not None:
             if step % cfg.ckpt_interval == 0:
                 with section("checkpoint"):

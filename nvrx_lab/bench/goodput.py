@@ -78,7 +78,7 @@ def run_mode(args, mode: str, faults: str, workdir: Path) -> tuple[dict, list[di
     events = read_events(metrics)
     rep = analyze(events, ideal_step_s=args.ideal_step_s, t_start=t_start, t_end=time.time())
     print(format_report(rep, f"--- {mode}"))
-    return {"mode": mode, **rep.row(), "exit": res.returncode}, events
+    return {"mode": mode, **rep.row(), "exit": res.returncode, "events": str(metrics)}, events
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,5 +117,6 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
     report("goodput", rows, args.out, "python -m nvrx_lab.bench goodput " + shlex.join(argv or sys.argv[1:]),
            extra={"schedule": schedule, "time_scale": args.time_scale,
-                  "notes": [f"Kubernetes delays scaled by {args.time_scale} (time scale)", f"fault schedule {schedule}"]})
+                  "notes": [f"Kubernetes delays scaled by {args.time_scale} (time scale)", f"fault schedule {schedule}"]},
+           columns=[c for c in rows[0] if c != "events"])
     return 0 if all(r["exit"] == 0 for r in rows) else 1

@@ -1,0 +1,249 @@
+"""Checkpoint benchmark: nvrx_lab async/sync against torch.save, DCP and NVRx, side by side.
+
+    python -m nvrx_lab.bench checkpoint [--sizes-mib 256 1024] [--repeats 10] [--quick]
+
+Every method runs in its own subprocess (clean peak RSS) on a state of N MiB (16 float32 tensors,
+a bf16 tensor and an int), ``--repeats`` timed saves after one warm-up save. Columns:
+
+* ``block_med_s`` / ``block_p95_s`` — how long the training loop is blocked by one save;
+* ``durable_med_s`` — from the call until the checkpoint is on disk (fsynced / committed);
+* ``peak_rss_x`` — (peak RSS of the trainer process during the timed saves − RSS before the state
+  existed) / state size; the state itself counts 1, so a staging copy makes 2;
+  ``child_rss_mib`` — peak RSS of helper processes (writer, DCP's process executor);
+* ``load_s`` — loading the last checkpoint into preallocated tensors (nvrx_lab: including the CRC
+  verification of every shard; ``load_sizes_only_s`` is the same load with ``verify="size"``);
+* ``consistent`` — the state is mutated in place right after the save returns, then loaded back and
+  compared with the values of the moment of the call.
+
+The ``memcpy`` row is the floor: ``copy_`` of the same tensors into preallocated memory. NVRx's
+``TorchAsyncCheckpoint`` is a row only when ``nvidia-resiliency-ext`` (the ``peers`` extra) imports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from nvrx_lab.bench._table import median, p95, report
+
+METHODS = ["memcpy", "nvrx_async", "nvrx_sync", "torch.save", "dcp.save", "dcp.async_save[thread]",
+           "dcp.async_save[process]", "nvrx_peer.TorchAsyncCheckpoint"]
+
+
+def _rss_mib(who=resource.RUSAGE_SELF) -> float:
+    return resource.getrusage(who).ru_maxrss / 1024
+
+
+def make_state(mib: float) -> dict:
+    n = 16
+    numel = max(1, int(mib * (1 << 20)) // 4 // n)
+    g = torch.Generator().manual_seed(0)
+    state = {f"layer{i}.weight": torch.randn(numel, generator=g) for i in range(n)}
+    state["norm.bf16"] = torch.randn(1024, generator=g).to(torch.bfloat16)
+    state["step"] = 0
+    return state
+
+
+def zeros_like(state: dict) -> dict:
+    return {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else -1 for k, v in state.items()}
+
+
+def mutate(state: dict) -> None:
+    for v in state.values():
+        if isinstance(v, torch.Tensor):
+            v.add_(1)
+
+
+def equal(a: dict, b: dict) -> bool:
+    return all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a)
+
+
+class Method:
+    """One way to save: ``save(step) -> wait``, where ``wait()`` blocks until durable; ``load(target)``."""
+
+    def __init__(self, name: str, state: dict, root: Path):
+        self.name, self.state, self.root = name, state, root
+        self.last = None
+        if name.startswith("nvrx_"):
+            from nvrx_lab.checkpoint import AsyncCheckpointer
+            self.ckpt = AsyncCheckpointer(root, keep_last=1)
+        if name.startswith("dcp.async_save"):
+            from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+            self.kind = AsyncCheckpointerType.PROCESS if "process" in name else AsyncCheckpointerType.THREAD
+        if name == "memcpy":
+            self.dst = zeros_like(state)
+
+    def save(self, step: int):
+        import torch.distributed.checkpoint as dcp
+        n = self.name
+        if n == "memcpy":
+            for k, v in self.state.items():
+                if isinstance(v, torch.Tensor):
+                    self.dst[k].copy_(v)
+            return lambda: None
+        if n == "nvrx_async":
+            self.ckpt.async_save(self.state, step=step)
+            return lambda: self.ckpt.finalize_async_save(blocking=True)
+        if n == "nvrx_sync":
+            self.ckpt.save(self.state, step=step)
+            return lambda: None
+        path = self.root / f"s{step}"
+        self._drop_old(path)
+        if n == "torch.save":
+            with open(path, "wb") as f:
+                torch.save(self.state, f)
+                f.flush()
+                os.fsync(f.fileno())
+            return lambda: None
+        if n == "dcp.save":
+            dcp.save(self.state, checkpoint_id=path)
+            return lambda: None
+        fut = dcp.async_save(self.state, checkpoint_id=path, async_checkpointer_type=self.kind)
+        return lambda: (fut.upload_completion if hasattr(fut, "upload_completion") else fut).result()
+
+    def _drop_old(self, path: Path) -> None:
+        if self.last is not None:
+            shutil.rmtree(self.last, ignore_errors=True) if self.last.is_dir() else self.last.unlink(missing_ok=True)
+        self.last = path
+
+    def load(self, target: dict) -> None:
+        import torch.distributed.checkpoint as dcp
+        if self.name.startswith("nvrx_"):
+            self.ckpt.load(target)
+        elif self.name == "torch.save":
+            loaded = torch.load(self.last, weights_only=True)
+            for k, v in loaded.items():
+                target[k].copy_(v) if isinstance(v, torch.Tensor) else target.__setitem__(k, v)
+        else:
+            dcp.load(target, checkpoint_id=self.last)
+
+    def close(self) -> None:
+        if hasattr(self, "ckpt"):
+            self.ckpt.close()
+
+
+def run_one(name: str, mib: float, repeats: int, root: Path) -> dict:
+    """Measure one method in this process (called in a fresh subprocess)."""
+    import torch.distributed as dist
+    from nvrx_lab.net import free_port
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)  # dcp.async_save's executors want a group
+    base = _rss_mib()
+    state = make_state(mib)
+    state_mib = sum(v.numel() * v.element_size() for v in state.values() if isinstance(v, torch.Tensor)) / (1 << 20)
+    m = Method(name, state, root)
+    blocking, durable = [], []
+    for step in range(repeats + 1):  # step 0 warms up (allocations, writer start, page faults)
+        state["step"] = step
+        t0 = time.perf_counter()
+        wait = m.save(step)
+        t1 = time.perf_counter()
+        wait()
+        t2 = time.perf_counter()
+        if step:
+            blocking.append(t1 - t0)
+            durable.append(t2 - t0)
+    peak_x = (_rss_mib() - base) / state_mib  # before the consistency check allocates copies of the state
+    row = {"method": name, "size_mib": round(state_mib), "block_med_s": median(blocking), "block_p95_s": p95(blocking),
+           "durable_med_s": median(durable) if name != "memcpy" else float("nan")}
+    consistent, load_s = "yes", float("nan")
+    if name != "memcpy":
+        state["step"] = repeats + 1
+        expected = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+        wait = m.save(repeats + 1)
+        mutate(state)  # training goes on right after the save returns
+        wait()
+        target = zeros_like(state)
+        t0 = time.perf_counter()
+        m.load(target)
+        load_s = time.perf_counter() - t0
+        consistent = "yes" if equal(target, expected) else "NO"
+        if name.startswith("nvrx_"):  # the same load with sizes-only verification (no CRC pass)
+            m.ckpt.config.verify = "size"
+            t0 = time.perf_counter()
+            m.load(target)
+            row["load_sizes_only_s"] = time.perf_counter() - t0
+    m.close()
+    row.update(peak_rss_x=peak_x, child_rss_mib=_rss_mib(resource.RUSAGE_CHILDREN), load_s=load_s,
+               consistent=consistent)
+    dist.destroy_process_group()
+    return row
+
+
+def peer_available() -> str | None:
+    try:
+        import nvidia_resiliency_ext.checkpointing.async_ckpt  # noqa: F401
+        return None
+    except ImportError:
+        return "skipped: not installed (pip install -e .[peers])"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m nvrx_lab.bench checkpoint", description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes-mib", type=float, nargs="+", default=[256, 1024], help="state sizes per rank (MiB)")
+    ap.add_argument("--repeats", type=int, default=10, help="timed saves per method (after one warm-up)")
+    ap.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS, help="which rows to run")
+    ap.add_argument("--dir", default=None, help="where checkpoints are written (default: a temp dir)")
+    ap.add_argument("--quick", action="store_true", help="16 MiB, 3 repeats (CI smoke)")
+    ap.add_argument("--out", default="build/bench/checkpoint.json", help="JSON output")
+    ap.add_argument("--one", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.sizes_mib, args.repeats = [16], 3
+    if args.one:
+        print("RESULT " + json.dumps(run_one(args.one, args.sizes_mib[0], args.repeats, Path(args.dir))), flush=True)
+        return 0
+    rows, notes = [], []
+    base = Path(args.dir or tempfile.mkdtemp(prefix="nvrx_bench_ckpt_"))
+    for mib in args.sizes_mib:
+        for name in args.methods:
+            if name.startswith("nvrx_peer"):
+                why = peer_available() or "skipped: on CPU-only torch it needs torch.cuda.synchronize as a no-op; not wired yet"
+                notes.append(f"{name}: {why}")
+                print(f"{name}: {why}")
+                continue
+            root = base / f"{name.replace('[', '_').replace(']', '')}_{int(mib)}"
+            shutil.rmtree(root, ignore_errors=True)
+            root.mkdir(parents=True)
+            cmd = [sys.executable, "-m", "nvrx_lab.bench.checkpoint", "--one", name, "--sizes-mib", str(mib),
+                   "--repeats", str(args.repeats), "--dir", str(root)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+            line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+            if proc.returncode or line is None:
+                print(f"{name} @ {mib} MiB failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
+                rows.append({"method": name, "size_mib": mib, "consistent": "error"})
+            else:
+                rows.append(json.loads(line[7:]))
+                print(f"  done: {name} @ {mib:g} MiB", flush=True)
+            shutil.rmtree(root, ignore_errors=True)
+    for mib in {r["size_mib"] for r in rows}:
+        sized = [r for r in rows if r["size_mib"] == mib and "block_med_s" in r]
+        floor = next((r["block_med_s"] for r in sized if r["method"] == "memcpy"), None)
+        dcp_load = next((r["load_s"] for r in sized if r["method"] == "dcp.save"), None)
+        for r in sized:
+            r["block_x_floor"] = r["block_med_s"] / floor if floor else float("nan")
+            r["load_x_dcp"] = r["load_s"] / dcp_load if dcp_load else float("nan")
+    columns = ["method", "size_mib", "block_med_s", "block_p95_s", "block_x_floor", "durable_med_s", "peak_rss_x",
+               "child_rss_mib", "load_s", "load_sizes_only_s", "load_x_dcp", "consistent"]
+    command = "python -m nvrx_lab.bench checkpoint " + " ".join(argv if argv is not None else sys.argv[1:])
+    report("checkpoint", rows, args.out, command, extra={"notes": notes,
+           "targets": "nvrx_async block <= 1.25x memcpy and <= best consistent peer; peak RSS <= 2x; load <= 1.1x dcp"},
+           columns=columns)
+    for note in notes:
+        print(note)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

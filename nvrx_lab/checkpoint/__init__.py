@@ -1,0 +1,40 @@
+"""Asynchronous checkpointing (``nvrx_lab.checkpoint``), in the format of torch.distributed.checkpoint.
+
+Use::
+
+    from nvrx_lab.checkpoint import AsyncCheckpointer
+
+    with AsyncCheckpointer("ckpt/", keep_last=3) as ckpt:
+        if (step := ckpt.latest_step()) is not None:
+            ckpt.load(state, step=step)           # in place; reshards to this world size
+        for step in range(start, steps):
+            train_step()
+            ckpt.finalize_async_save()            # commit what finished; raises a failed save's error
+            if step % interval == 0:
+                ckpt.async_save(state, step=step)  # returns once the state is staged
+
+How it works, one module a mechanism:
+
+* :mod:`.planning` — DCP's save plan, made collectively in ``async_save`` (cheap, no tensor data);
+* :mod:`.staging` — a consistent snapshot: copies into reused shared-memory (pinned on GPUs) slots;
+* :mod:`.writer` — one persistent spawned writer process per rank; :mod:`.shards` — DCP's file
+  writer on the staged copy, with :mod:`.throttle` (bandwidth cap, on-the-fly CRC32);
+* :mod:`.commit` — temporary folder, per-rank done markers, atomic rename by rank 0, retention;
+* :mod:`.integrity` — checksums, verification, fallback, loading that never unpickles code;
+* :mod:`.errors` — what ``finalize_async_save`` and ``load`` raise; :mod:`.checkpointer` — the API.
+
+A checkpoint folder ``step_XXXXXXXX`` is a plain DCP checkpoint: ``dcp.load(sd, checkpoint_id=folder)``
+reads it, on any world size. The notebook ``notebooks/01_async_checkpointing.ipynb`` builds it step
+by step.
+"""
+
+from .checkpointer import AsyncCheckpointer, CheckpointerConfig
+from .commit import KeepLast, committed_steps, step_dir
+from .errors import (CheckpointCorruptError, CheckpointError, CheckpointNotFoundError, CheckpointWriteError,
+                     CheckpointWriterDied)
+from .integrity import verify
+from .throttle import Throttle
+
+__all__ = ["AsyncCheckpointer", "CheckpointerConfig", "KeepLast", "committed_steps", "step_dir", "verify",
+           "Throttle", "CheckpointError", "CheckpointWriteError", "CheckpointWriterDied", "CheckpointCorruptError",
+           "CheckpointNotFoundError"]

@@ -1,0 +1,332 @@
+"""``AsyncCheckpointer``: stage, return to training, write in the background, commit atomically.
+
+Timeline of one ``async_save(state, step=s)`` on every rank::
+
+    trainer  | wait for the writer's previous save | plan (collective, cheap) | stage (copy) | return
+    writer   |                                      ...write shards, fsync, done marker...
+    rank 0   | finalize_async_save(): all done markers? -> .metadata, manifest, rename (commit)
+
+**A save asked while one is in flight waits** for this rank's writer to finish the previous one (the
+staging buffer is reused, so memory stays at one copy of the state), then proceeds; the wait is
+reported as ``wait_s`` in the ``ckpt_save`` event. There is one writer per rank and one request at a
+time, so there are never two writers on one step; saving a step that is in flight raises.
+
+How DCP's collectives are split. ``dcp.save`` gathers plans, writes, then gathers write results for
+the coordinator's ``.metadata``. Here the trainer runs the planning collectively inside
+``async_save`` (cheap: shapes, no data; :mod:`.planning`), each rank's writer process writes its own
+shards from the staged copy and leaves its write results in a file (:mod:`.writer`), and rank 0
+merges them into ``.metadata`` at commit (:mod:`.commit`). No collective runs in the background,
+and no rank gathers another's tensors.
+
+Collectives: ``async_save``, ``save``, ``latest_step`` and ``load`` are collective over the CPU group
+when ``torch.distributed`` is initialised (call them on every rank); ``finalize_async_save`` is not —
+it only polls the local writer and, on rank 0, the markers in the directory. Its errors are raised
+where they are seen (the failing rank, and rank 0 for any rank), so a trainer may catch
+:class:`CheckpointError`, log it and go on: the previous committed checkpoint stays the latest.
+Introduced step by step in ``notebooks/01_async_checkpointing.ipynb``.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+
+from . import commit as cm
+from .errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError, CheckpointWriteError, CheckpointWriterDied
+from .integrity import SafeLoadPlanner, SafeReader, read_metadata, verify
+from .planning import all_gather, broadcast, plan_save
+from .shards import write_shards
+from .staging import StagingBuffer
+from .writer import WriterProcess
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CheckpointerConfig:
+    """Knobs of :class:`AsyncCheckpointer` (all but ``directory`` have defaults)."""
+
+    directory: str
+    """Folder holding ``step_XXXXXXXX`` checkpoints; shared by all ranks (created on first save)."""
+    keep_last: int = 3
+    """Committed checkpoints to keep; the newest committed one is never deleted."""
+    write_bandwidth: float | None = None
+    """Cap on each rank's write speed in bytes/s (storage simulation); None = unlimited."""
+    verify: str = "full"
+    """``latest_step``/``load`` verification: "full" (sizes + CRC32) or "size" (sizes only)."""
+    commit_timeout: float = 600.0
+    """Seconds rank 0 waits in a blocking finalize for every rank's done marker."""
+    start_writer: bool = True
+    """Spawn the writer at construction (hides its ~2 s start-up); False: at the first ``async_save``."""
+
+
+class AsyncCheckpointer:
+    """Asynchronous DCP checkpoints with a persistent writer process per rank (see module docs)."""
+
+    def __init__(self, directory, keep_last: int = 3, write_bandwidth: float | None = None,
+                 process_group=None, emit: Callable | None = None, **more):
+        self.config = CheckpointerConfig(str(directory), keep_last, write_bandwidth, **more)
+        self.root = Path(directory)
+        if self.root.exists() and not self.root.is_dir():
+            raise NotADirectoryError(f"checkpoint directory {self.root} is a file; pass a folder path")
+        if self.config.verify not in ("full", "size"):
+            raise ValueError(f"verify must be 'full' or 'size', got {self.config.verify!r}")
+        if write_bandwidth is not None and write_bandwidth <= 0:
+            raise ValueError(f"write_bandwidth must be None or > 0 bytes/s, got {write_bandwidth!r}")
+        self.retention = cm.KeepLast(keep_last)
+        self.emit = emit or (lambda kind, **fields: None)
+        self.group, self.rank, self.world = None, 0, 1
+        if dist.is_available() and dist.is_initialized():
+            self.group = process_group
+            if self.group is None:
+                self.group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+            self.rank, self.world = dist.get_rank(self.group), dist.get_world_size(self.group)
+        self._buffer = StagingBuffer(tag=f"r{self.rank}")
+        self._writer = WriterProcess(self.rank) if self.config.start_writer else None
+        self._pending: list[dict] = []  # rank 0: saves waiting to be committed, oldest first
+        self._errors: list[CheckpointError] = []
+        self._fallbacks_logged: set[tuple[int, str]] = set()
+        self._closed = False
+
+    # ----------------------------------------------------------------- saving
+    @property
+    def writer_pid(self) -> int | None:
+        """PID of this rank's writer process (for fault-injection tests and notebooks)."""
+        return self._writer.pid if self._writer else None
+
+    @property
+    def _in_flight(self) -> dict | None:
+        return self._writer.in_flight if self._writer else None
+
+    def start(self, timeout: float = 120.0) -> "AsyncCheckpointer":
+        """Start the writer now and wait until it is ready (optional: ``async_save`` starts it on demand)."""
+        if self._writer is None or not self._writer.alive():
+            self._new_writer()
+        if self._in_flight is None:
+            self._writer.wait_ready(timeout)
+        return self
+
+    def async_save(self, state_dict: dict, step: int) -> None:
+        """Stage ``state_dict`` and hand it to the writer; returns once training may mutate the state."""
+        self._check_step(step)
+        t0 = time.monotonic()
+        if self._in_flight and self._in_flight["step"] == step:
+            raise ValueError(f"step {step} is already being written to {self._in_flight['tmp']}")
+        self._collect(self._writer.poll(timeout=1e9) if self._in_flight else None)
+        wait_s = time.monotonic() - t0
+        if self.rank == 0:
+            self._commit_ready(blocking=False)
+        if self._writer is None or not self._writer.alive():
+            self._new_writer()
+        planned = plan_save(state_dict, self.rank, self.world, self.group)
+        slots = self._buffer.stage(planned.tensors)
+        tmp = cm.tmp_dir(self.root, step, planned.save_id)
+        self._writer.submit({"step": step, "tmp": str(tmp), "rank": self.rank, "plan": planned.plan,
+                             "region": self._buffer.path, "tensor_items": planned.tensor_items, "slots": slots,
+                             "byte_items": planned.byte_items, "bandwidth": self.config.write_bandwidth})
+        if self.rank == 0:
+            self._pending.append({"step": step, "tmp": tmp, "metadata": planned.metadata, "t0": t0})
+        self.emit("ckpt_save", step=step, mode="async", blocking_s=time.monotonic() - t0, wait_s=wait_s,
+                  bytes=planned.nbytes)
+
+    def finalize_async_save(self, blocking: bool = False) -> list[int]:
+        """Collect finished writes and (rank 0) commit them; ``blocking`` waits for all.
+
+        Returns the steps committed by this call. Raises :class:`CheckpointError` (step, path) for a
+        save that failed since the last call; the failed save is dropped and training can go on.
+        """
+        if self._in_flight:
+            self._collect(self._writer.poll(timeout=1e9 if blocking else 0.0))
+        committed = self._commit_ready(blocking) if self.rank == 0 else []
+        self._raise_errors()
+        return committed
+
+    def save(self, state_dict: dict, step: int) -> None:
+        """Synchronous baseline: same plan, files and commit, written from the live tensors; returns once durable."""
+        self._check_step(step)
+        t0 = time.monotonic()
+        try:  # an earlier async save's error was logged and emitted; not raised here, so that every
+            self.finalize_async_save(blocking=True)  # rank reaches the collective planning below
+        except CheckpointError:
+            pass
+        planned = plan_save(state_dict, self.rank, self.world, self.group)
+        tmp = cm.tmp_dir(self.root, step, planned.save_id)
+        data = dict(zip((i.index for i in planned.tensor_items), planned.tensors))
+        data.update(planned.byte_items)
+        error = None
+        try:
+            results, files, write_s = write_shards(tmp, self.rank, planned.plan, data, self.config.write_bandwidth, step)
+            cm.write_rank_done(tmp, self.rank, results, files, write_s)
+        except (CheckpointError, OSError) as e:
+            error = str(e)
+        errors = self._all_gather(error)
+        if any(errors):
+            if self.rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise self._report(CheckpointWriteError(f"sync save of step {step} failed: "
+                                                    + "; ".join(e for e in errors if e), step=step, path=str(tmp)))
+        if self.rank == 0:
+            self._pending.append({"step": step, "tmp": tmp, "metadata": planned.metadata, "t0": t0})
+            self._commit_ready(blocking=True)
+        mine = [e for e in self._errors if e.step == step]
+        self._errors = [e for e in self._errors if e.step != step]
+        outcome = self._broadcast(str(mine[0]) if mine else None)
+        if outcome:
+            raise CheckpointWriteError(outcome, step=step, path=str(tmp))
+        self.emit("ckpt_save", step=step, mode="sync", blocking_s=time.monotonic() - t0, wait_s=0.0,
+                  bytes=planned.nbytes)
+
+    # ---------------------------------------------------------------- loading
+    def latest_step(self) -> int | None:
+        """Newest committed checkpoint that verifies; falls back past corrupt ones, logging why."""
+        best = None
+        if self.rank == 0:
+            for step in reversed(cm.committed_steps(self.root)):
+                try:
+                    verify(cm.step_dir(self.root, step), full=self.config.verify == "full")
+                    best = step
+                    break
+                except CheckpointCorruptError as e:
+                    self._fallback(step, str(e))
+        return self._broadcast(best)
+
+    def load(self, state_dict: dict, step: int | None = None) -> int:
+        """Load ``step`` (default: :meth:`latest_step`) into ``state_dict`` in place; returns the step."""
+        t0 = time.monotonic()
+        if step is None:
+            step = self.latest_step()
+            if step is None:
+                raise CheckpointNotFoundError(cm.describe_directory(self.root), path=str(self.root))
+        folder = cm.step_dir(self.root, step)
+        problem = None
+        if self.rank == 0:
+            if not (folder / cm.MANIFEST).exists():
+                found = cm.committed_steps(self.root)
+                problem = ("notfound", f"no committed checkpoint for step {step} at {folder}; "
+                           f"committed steps in {self.root}: {found or 'none'}")
+            else:
+                try:
+                    verify(folder, full=self.config.verify == "full")
+                    read_metadata(folder)  # refuses a crafted pickle before DCP opens it
+                except CheckpointCorruptError as e:
+                    problem = ("corrupt", str(e), e.path)
+        problem = self._broadcast(problem)
+        if problem and problem[0] == "notfound":
+            raise CheckpointNotFoundError(problem[1], step=step, path=str(folder))
+        if problem:
+            raise CheckpointCorruptError(f"cannot load step {step}: {problem[1]}", step=step, path=problem[2])
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+                dcp.load(state_dict, storage_reader=SafeReader(folder), planner=SafeLoadPlanner(),
+                         process_group=self.group, no_dist=self.world == 1 and self.group is None)
+        except (Exception, CheckpointException) as e:
+            detail = "; ".join(f"rank {r}: {w[0] if isinstance(w, tuple) else w}"
+                               for r, w in e.failures.items()) if isinstance(e, CheckpointException) else str(e)
+            raise CheckpointError(f"loading step {step} from {folder} failed: {detail}", step=step,
+                                  path=str(folder)) from e
+        self.emit("ckpt_load", step=step, load_s=time.monotonic() - t0)
+        return step
+
+    # -------------------------------------------------------------- lifecycle
+    def rebind(self, process_group=None) -> None:
+        """Coordinate over a new process group (an in-process restart made one), keeping the writer
+        process and the staging memory. Saves of the aborted attempt that were not committed yet are
+        dropped: some of their ranks may be gone; their temporary folders are swept by a later commit."""
+        self.group = process_group
+        if self.group is None:
+            self.group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        self.rank, self.world = dist.get_rank(self.group), dist.get_world_size(self.group)
+        self._pending.clear()
+        self._errors.clear()
+
+    def close(self) -> None:
+        """Finish (and commit) what is in flight, stop the writer, free the staging memory."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.finalize_async_save(blocking=True)
+        finally:
+            if self._writer is not None:
+                self._writer.close()
+            self._buffer.release()
+
+    def __enter__(self) -> "AsyncCheckpointer":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            self.close()
+        except CheckpointError:
+            if exc_type is None:
+                raise
+
+    # -------------------------------------------------------------- internals
+    @staticmethod
+    def _check_step(step) -> None:
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise ValueError(f"step must be an int >= 0, got {step!r}")
+
+    def _new_writer(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        self._buffer.release()  # the old region's name is gone; the new writer maps a new one
+        self._writer = WriterProcess(self.rank)
+
+    def _collect(self, outcome) -> None:
+        if outcome is None:
+            return
+        self._buffer.unlink()  # the writer has mapped the region by now
+        kind, step, info = outcome
+        if kind != "done" and self.rank == 0:  # drop the save: nothing to commit, its folder is debris
+            for p in [p for p in self._pending if p["step"] == step]:
+                self._pending.remove(p)
+                shutil.rmtree(p["tmp"], ignore_errors=True)
+        if kind == "error":
+            self._report(CheckpointWriteError(f"async save of step {step} failed on rank {self.rank}: {info['error']}",
+                                              step=step, path=info.get("path"), errno=info.get("errno")))
+        elif kind == "died":
+            tmp = Path(info["tmp"])
+            if self.rank != 0:  # tell the coordinator, which would otherwise wait for our done marker
+                cm.write_rank_error(tmp, self.rank, {"step": step, "rank": self.rank, "error": "writer died"})
+            self._report(CheckpointWriterDied(f"async save of step {step} failed: the writer process of rank "
+                                              f"{self.rank} died (exit code {info['exitcode']}) while writing {tmp}",
+                                              step=step, path=str(tmp)))
+
+    def _commit_ready(self, blocking: bool) -> list[int]:
+        return cm.commit_ready(self._pending, self.root, self.world, self.retention,
+                               self.config.commit_timeout if blocking else 0.0, self._report, self.emit,
+                               failed_steps={e.step for e in self._errors})
+
+    def _report(self, error: CheckpointError) -> CheckpointError:
+        log.error("%s", error)
+        self.emit("ckpt_error", step=error.step, path=error.path, error=str(error))
+        self._errors.append(error)
+        return error
+
+    def _raise_errors(self) -> None:
+        if self._errors:
+            errors, self._errors = self._errors, []
+            raise errors[0]
+
+    def _fallback(self, step: int, reason: str) -> None:
+        if (step, reason) not in self._fallbacks_logged:
+            self._fallbacks_logged.add((step, reason))
+            log.warning("checkpoint step %d skipped: %s", step, reason)
+            self.emit("ckpt_fallback", step=step, reason=reason)
+
+    def _broadcast(self, obj):
+        return broadcast(obj, self.group, self.world)
+
+    def _all_gather(self, obj) -> list:
+        return all_gather(obj, self.group, self.world)

@@ -1,0 +1,197 @@
+"""Integrity: checksums per shard, verification, and loading that never unpickles code.
+
+Every committed checkpoint folder holds a manifest, ``nvrx_commit.json`` (see :mod:`.commit`), with
+the size and CRC32 of every file in it, the DCP ``.metadata`` included. The CRC of a shard is computed
+while the writer streams it (:class:`.throttle.MeteredStream`), so it costs no second read at save
+time; :func:`verify` re-reads the files and compares, 16 MiB chunks on all cores in parallel.
+Results are cached by ``(path, size, mtime)``,
+so asking ``latest_step()`` twice reads the files once, and a file changed since is read again.
+
+Safe loading. DCP stores its ``.metadata`` with :mod:`pickle`, and ``DefaultLoadPlanner`` loads
+non-tensor values with ``torch.load(weights_only=False)``. :class:`SafeReader` and
+:class:`SafeLoadPlanner` close both doors: the metadata goes through :class:`RestrictedUnpickler`
+(DCP's metadata classes, ``torch.Size``, dtypes, ``pathlib`` paths; anything else, such as
+``os.system`` in a crafted file, is refused) and values through ``torch.load(weights_only=True)``.
+Tensors are read by DCP itself with ``weights_only=True``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import StorageMeta
+
+from .errors import CheckpointCorruptError
+from .throttle import VERIFY_CHUNK
+
+MANIFEST = "nvrx_commit.json"
+"""The commit marker and checksum list of one checkpoint folder."""
+FORMAT = "nvrx_lab.checkpoint/1"
+
+_SAFE_MODULES = ("torch.distributed.checkpoint.metadata",)
+_SAFE_NAMES = {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch.distributed.checkpoint.storage", "WriteResult"),
+    ("torch.serialization", "_get_layout"),
+    ("torch", "Size"),
+    ("pathlib", "PosixPath"), ("pathlib", "Path"), ("pathlib", "WindowsPath"),
+    ("collections", "OrderedDict"),
+    ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "complex"),
+}
+
+
+class RestrictedUnpickler(pickle.Unpickler):
+    """Unpickles DCP metadata and write results only; any other global raises ``UnpicklingError``."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _SAFE_NAMES:
+            return super().find_class(module, name)
+        if module in _SAFE_MODULES:
+            obj = super().find_class(module, name)
+            if isinstance(obj, type):
+                return obj
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"refusing to unpickle global {module}.{name}: not checkpoint metadata")
+
+
+def safe_pickle_load(path: str | os.PathLike) -> Any:
+    with open(path, "rb") as f:
+        return RestrictedUnpickler(f).load()
+
+
+def _chunk_crc(path: str, offset: int, length: int) -> int:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        crc, done = 0, 0
+        while done < length:
+            data = os.pread(fd, min(length - done, 4 << 20), offset + done)
+            if not data:
+                break
+            crc = zlib.crc32(data, crc)
+            done += len(data)
+        return crc
+    finally:
+        os.close(fd)
+
+
+def file_entry(path: str | os.PathLike) -> dict:
+    """The manifest entry (size, per-chunk CRC32) of a file written without a MeteredStream."""
+    size = os.path.getsize(path)
+    crcs = [_chunk_crc(str(path), off, min(VERIFY_CHUNK, size - off)) for off in range(0, size, VERIFY_CHUNK)]
+    return {"size": size, "chunk_bytes": VERIFY_CHUNK, "crc32_chunks": crcs}
+
+
+_verified: set[tuple[str, int, int, int]] = set()
+_pool = ThreadPoolExecutor(max_workers=min(32, os.cpu_count() or 1), thread_name_prefix="nvrx-verify")
+
+
+def _check_crcs(files: list[tuple[Path, dict]], step) -> None:
+    """Compare every chunk's CRC32 in parallel (zlib releases the GIL); raise for the first bad file."""
+    jobs = []
+    for path, entry in files:
+        st = path.stat()
+        key = (str(path), st.st_size, st.st_mtime_ns, hash(tuple(entry["crc32_chunks"])))
+        if key in _verified:
+            continue
+        n = entry["chunk_bytes"]
+        futs = [(i * n, _pool.submit(_chunk_crc, str(path), i * n, min(n, entry["size"] - i * n)), crc)
+                for i, crc in enumerate(entry["crc32_chunks"])]
+        jobs.append((path, key, futs))
+    for path, key, futs in jobs:
+        bad = [off for off, fut, crc in futs if fut.result() != crc]
+        if bad:
+            raise CheckpointCorruptError(f"{path}: CRC32 mismatch at byte {bad[0]} (corrupted)", step=step, path=str(path))
+        _verified.add(key)
+
+
+def read_manifest(step_dir: str | os.PathLike) -> dict:
+    path = Path(step_dir) / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointCorruptError(f"{path}: commit marker missing (not committed or damaged)", path=str(path))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointCorruptError(f"{path}: commit marker unreadable ({e})", path=str(path))
+    if manifest.get("format") != FORMAT or not isinstance(manifest.get("files"), dict):
+        raise CheckpointCorruptError(f"{path}: not an nvrx_lab commit marker (format {manifest.get('format')!r}, "
+                                     f"expected {FORMAT!r})", path=str(path))
+    return manifest
+
+
+def verify(step_dir: str | os.PathLike, full: bool = True) -> dict:
+    """Check every file listed in the manifest (size, and CRC32 if ``full``); return the manifest.
+
+    Raises :class:`CheckpointCorruptError` whose ``path`` is the first bad file.
+    """
+    step_dir = Path(step_dir)
+    manifest = read_manifest(step_dir)
+    step = manifest.get("step")
+    if ".metadata" not in manifest["files"]:
+        raise CheckpointCorruptError(f"{step_dir / MANIFEST}: lists no .metadata", step=step, path=str(step_dir))
+    files = []
+    for name, entry in sorted(manifest["files"].items()):
+        path = step_dir / name
+        if not path.is_file():
+            raise CheckpointCorruptError(f"{path}: file missing", step=step, path=str(path))
+        size = path.stat().st_size
+        if size != entry["size"]:
+            raise CheckpointCorruptError(f"{path}: size {size} B, expected {entry['size']} B (truncated?)",
+                                         step=step, path=str(path))
+        files.append((path, entry))
+    if full:
+        _check_crcs(files, step)
+    return manifest
+
+
+def read_metadata(step_dir: str | os.PathLike):
+    """DCP ``Metadata`` of a checkpoint folder, unpickled with :class:`RestrictedUnpickler`."""
+    path = Path(step_dir) / ".metadata"
+    try:
+        return safe_pickle_load(path)
+    except FileNotFoundError:
+        raise CheckpointCorruptError(f"{path}: file missing", path=str(path))
+    except (pickle.UnpicklingError, EOFError, AttributeError, ValueError) as e:
+        raise CheckpointCorruptError(f"{path}: {e}", path=str(path)) from e
+
+
+class SafeReader(FileSystemReader):
+    """DCP's file reader with the ``.metadata`` read by :class:`RestrictedUnpickler`."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any):
+        path = self._get_metadata_path(kwargs.get("rank"))
+        try:
+            metadata = safe_pickle_load(path)
+        except pickle.UnpicklingError as e:
+            raise CheckpointCorruptError(f"{path}: {e}", path=str(path)) from e
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """``DefaultLoadPlanner`` that loads non-tensor values with ``weights_only=True``."""
+
+    def load_bytes(self, read_item, value: io.BytesIO) -> None:
+        obj = torch.load(value, weights_only=True)
+        if self.flatten_state_dict:
+            from torch.distributed.checkpoint._traverse import set_element  # noqa: PLC0415
+
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = obj
+
+
+__all__ = ["MANIFEST", "FORMAT", "RestrictedUnpickler", "safe_pickle_load", "file_entry", "verify",
+           "read_manifest", "read_metadata", "SafeReader", "SafeLoadPlanner"]

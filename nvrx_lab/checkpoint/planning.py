@@ -1,0 +1,112 @@
+"""Planning: DCP's save plan, made collectively in the trainer, executed later by a writer.
+
+``torch.distributed.checkpoint.save`` runs three phases: *plan* (every rank lists what it holds; the
+coordinator gathers the plans, de-duplicates replicated tensors, assigns file prefixes and builds the
+global :class:`~torch.distributed.checkpoint.metadata.Metadata`; the plans are scattered back),
+*write* (each rank writes its items) and *finish* (the write results are gathered and the coordinator
+writes ``.metadata``). Only the planning needs the other ranks at the moment of the save, and it is
+cheap: shapes and offsets, no tensor data. So :func:`plan_save` runs it right here, in
+``async_save``, over the CPU (gloo) group with DCP's own ``DefaultSavePlanner``; the coordinator keeps
+the global metadata, and every rank ends up with its final local plan and the *sources* to stage:
+
+* tensor items — the local tensor of each write item (a DTensor's local shard, a plain tensor);
+* byte items — non-tensor values (ints, strings, lists of them), serialised *now* with
+  ``torch.save``, which is itself their consistent snapshot.
+
+The bytes are written later, in the writer process, from the staged copy (:mod:`.writer`), and the
+finish phase becomes the file-based commit of :mod:`.commit` — no collective after ``async_save``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.checkpoint.filesystem import _StoragePrefix
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
+from torch.distributed.checkpoint.planner import SavePlan, WriteItem, WriteItemType
+
+
+@dataclass
+class PlannedSave:
+    """What one rank must write for one step."""
+
+    plan: SavePlan
+    """This rank's final DCP plan (write items, file prefix ``__{rank}_``)."""
+    tensor_items: list[WriteItem]
+    """The plan's tensor items, in the order of ``tensors``."""
+    tensors: list[torch.Tensor]
+    """Live source tensors for ``tensor_items`` (to be staged; never sent to another process)."""
+    byte_items: dict[MetadataIndex, bytes]
+    """Serialised non-tensor values, keyed by write-item index."""
+    metadata: Metadata | None
+    """Global metadata without storage info (coordinator only)."""
+    save_id: str
+    """A nonce agreed by all ranks: names this save's temporary folder."""
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors) + sum(map(len, self.byte_items.values()))
+
+
+def _gather_scatter(local: SavePlan, planner: DefaultSavePlanner, group, rank: int, world: int):
+    """DCP's reduce_scatter("plan"): coordinator (group rank 0) builds the global plan."""
+    gathered = [None] * world if rank == 0 else None
+    dist.gather_object(local, gathered, group=group, group_dst=0)
+    if rank == 0:
+        plans, metadata = planner.create_global_plan(gathered)
+        plans = [dataclasses.replace(p, storage_data=_StoragePrefix(f"__{i}_")) for i, p in enumerate(plans)]
+        payload = [(p, uuid.uuid4().hex[:12]) for p in plans]
+        save_id = payload[0][1]
+        payload = [(p, save_id) for p, _ in payload]
+    else:
+        payload, metadata = None, None
+    out = [None]
+    dist.scatter_object_list(out, payload, group=group, group_src=0)
+    central, save_id = out[0]
+    return central, metadata, save_id
+
+
+def plan_save(state_dict: dict, rank: int = 0, world: int = 1, group=None) -> PlannedSave:
+    """Plan one save of ``state_dict`` (collective over ``group`` when ``world > 1``)."""
+    planner = DefaultSavePlanner()
+    planner.set_up_planner(state_dict=state_dict, storage_meta=None, is_coordinator=rank == 0)
+    local = planner.create_local_plan()
+    if world > 1:
+        central, metadata, save_id = _gather_scatter(local, planner, group, rank, world)
+    else:
+        plans, metadata = planner.create_global_plan([local])
+        central = dataclasses.replace(plans[0], storage_data=_StoragePrefix("__0_"))
+        save_id = uuid.uuid4().hex[:12]
+    final = planner.finish_plan(central)
+    tensor_items, tensors, byte_items = [], [], {}
+    for item in final.items:
+        data = planner.resolve_data(item)
+        if item.type == WriteItemType.BYTE_IO:
+            byte_items[item.index] = data.getvalue()
+        else:
+            tensor_items.append(item)
+            tensors.append(data)
+    return PlannedSave(final, tensor_items, tensors, byte_items, metadata, save_id)
+
+
+def broadcast(obj, group, world: int):
+    """``obj`` of group rank 0 on every rank (identity in one process)."""
+    if world == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, group=group, group_src=0)
+    return box[0]
+
+
+def all_gather(obj, group, world: int) -> list:
+    """Every rank's ``obj``, in rank order."""
+    if world == 1:
+        return [obj]
+    out = [None] * world
+    dist.all_gather_object(out, obj, group=group)
+    return out

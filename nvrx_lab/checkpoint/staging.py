@@ -1,0 +1,186 @@
+"""Staging: a consistent snapshot of the state in memory that a writer process can read.
+
+``async_save`` must return quickly *and* leave a checkpoint that holds the values of the moment of
+the call, whatever training does to the tensors afterwards. Handing tensors to a
+``multiprocessing`` queue does not give that: torch's reductions move a CPU tensor's storage into
+shared memory and send a handle, so the writer would read the live, mutating tensor. We therefore
+copy, explicitly, into a :class:`StagingBuffer`:
+
+* one memory-backed file per rank (``/dev/shm``), ``mmap``-ed by the trainer and by its writer
+  process, allocated once and reused by every save (it only grows when the state does);
+* on a GPU machine the same pages are registered with ``cudaHostRegister`` (pinned), the device
+  tensors are copied with ``non_blocking=True`` and one stream sync ends the staging;
+* each tensor gets a 64-byte aligned slot; the :class:`Slot` list (offset, size, dtype, shape) is all
+  the writer needs to rebuild exact-size tensors over the same pages, without a copy.
+
+Tied tensors (one tensor under two keys) are staged once per key, at the same instant, so both keys
+hold the same values. Non-contiguous views are copied into contiguous slots (``copy_`` handles any
+stride); bf16, integer and bool tensors keep their dtype. Non-tensor values never come here: the
+planner serialises them to bytes at staging time (see :mod:`.planning`).
+
+The region's file is unlinked as soon as the writer has mapped it (after its first response), so a
+killed trainer leaves nothing behind in ``/dev/shm``; a replacement writer gets a fresh region.
+
+Because a slot is reused, a new save must wait until the writer has finished reading the previous
+one — the "a save waits" policy of :class:`~nvrx_lab.checkpoint.AsyncCheckpointer`.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import tempfile
+import uuid
+from dataclasses import dataclass
+
+import torch
+
+ALIGN = 64
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one staged tensor lives in the buffer."""
+
+    offset: int
+    """Byte offset in the buffer (a multiple of 64)."""
+    numel: int
+    """Number of elements."""
+    dtype: str
+    """``str(torch.dtype)``, e.g. ``"torch.bfloat16"``."""
+    shape: tuple[int, ...]
+    """Shape of the staged (contiguous) tensor."""
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * _dtype(self.dtype).itemsize
+
+
+def _dtype(name: str) -> torch.dtype:
+    dt = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dt, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r} in staging layout")
+    return dt
+
+
+def plan_slots(tensors: list[torch.Tensor]) -> tuple[list[Slot], int]:
+    """Aligned slots for ``tensors`` and the total bytes they need."""
+    slots, offset = [], 0
+    for t in tensors:
+        slots.append(Slot(offset, t.numel(), str(t.dtype), tuple(t.shape)))
+        offset += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
+    return slots, offset
+
+
+def slot_view(buf: mmap.mmap, slot: Slot) -> torch.Tensor:
+    """A tensor whose storage is exactly ``slot`` inside ``buf`` (no copy)."""
+    dtype = _dtype(slot.dtype)
+    if slot.numel == 0:
+        return torch.empty(slot.shape, dtype=dtype)
+    return torch.frombuffer(buf, dtype=dtype, count=slot.numel, offset=slot.offset).view(slot.shape)
+
+
+def shm_dir() -> str:
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+
+
+class StagingBuffer:
+    """A reusable shared-memory region; :meth:`stage` copies tensors in and returns their slots."""
+
+    def __init__(self, tag: str = "", pin: bool | None = None):
+        self.tag = tag
+        self.pin = torch.cuda.is_available() if pin is None else pin
+        self.path: str | None = None
+        self.capacity = 0
+        self._mm: mmap.mmap | None = None
+        self._pinned_ptr: int | None = None
+        self._unlinked = False
+
+    def ensure(self, nbytes: int) -> bool:
+        """Make room for ``nbytes``; return True when a new region (new ``path``) was created."""
+        if self._mm is not None and nbytes <= self.capacity:
+            return False
+        self.release()
+        self.capacity = max(nbytes, ALIGN)
+        self.path = os.path.join(shm_dir(), f"nvrx_ckpt_{os.getpid()}_{self.tag}_{uuid.uuid4().hex[:8]}")
+        self._unlinked = False
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, self.capacity)
+            self._mm = mmap.mmap(fd, self.capacity)
+        finally:
+            os.close(fd)
+        if self.pin:
+            whole = torch.frombuffer(self._mm, dtype=torch.uint8)
+            ptr = whole.data_ptr()
+            del whole
+            rc = int(torch.cuda.cudart().cudaHostRegister(ptr, self.capacity, 1))  # cudaHostRegisterPortable
+            if rc == 0:
+                self._pinned_ptr = ptr
+            else:  # still correct, only slower: device-to-host copies become synchronous
+                log.warning("cudaHostRegister of %d B staging memory failed (cudaError %d); staging unpinned",
+                            self.capacity, rc)
+        return True
+
+    def stage(self, tensors: list[torch.Tensor]) -> list[Slot]:
+        """Copy ``tensors`` (any device, stride, dtype) into the buffer; returns once the copies are done."""
+        slots, total = plan_slots(tensors)
+        self.ensure(total)
+        any_cuda = False
+        for t, slot in zip(tensors, slots):
+            if slot.numel == 0:
+                continue
+            dst = slot_view(self._mm, slot)
+            src = t.detach()
+            if src.is_cuda:
+                any_cuda = True
+                dst.copy_(src, non_blocking=self._pinned_ptr is not None)
+            else:
+                dst.copy_(src)
+        if any_cuda:
+            torch.cuda.current_stream().synchronize()
+        return slots
+
+    def unlink(self) -> None:
+        """Remove the region's name once the writer has mapped it: both mappings stay valid, and
+        nothing is left in ``/dev/shm`` if this process is killed. A new writer needs a new region."""
+        if self.path and not self._unlinked:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+            self._unlinked = True
+
+    def release(self) -> None:
+        """Unmap and delete the region (views handed out earlier must be gone)."""
+        if self._pinned_ptr is not None:
+            try:
+                torch.cuda.cudart().cudaHostUnregister(self._pinned_ptr)
+            finally:
+                self._pinned_ptr = None
+        if self._mm is not None:
+            try:
+                self._mm.close()
+            except BufferError:  # a view is still alive somewhere; the OS frees it at exit
+                pass
+            self._mm = None
+        self.unlink()
+        self.path, self._unlinked = None, False
+        self.capacity = 0
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:
+            pass
+
+
+def open_region(path: str) -> mmap.mmap:
+    """The writer's side: map the region created by :meth:`StagingBuffer.ensure`."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        return mmap.mmap(fd, os.fstat(fd).st_size)
+    finally:
+        os.close(fd)

@@ -1,0 +1,115 @@
+"""Storage simulation: cap the write bandwidth of one writer (bytes/s).
+
+This box writes to a page cache at several GB/s; a shared filesystem under load (FSx for Lustre at
+checkpoint time on p5) gives each rank far less. :class:`Throttle` makes a writer sleep so that its
+bytes never run ahead of ``bandwidth``, which reproduces the regime where the write is as long as the
+checkpoint interval's compute. :class:`MeteredStream` wraps a binary file: every byte written goes
+through the throttle and into running CRC32s (one per 16 MiB of file, so verification can use every
+core), so the shard's checksums cost no second read.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from dataclasses import dataclass, field
+
+CHUNK = 1 << 20
+"""Bytes written per ``write`` call, so a throttled write (and a kill) happens mid-file."""
+VERIFY_CHUNK = 16 << 20
+"""A CRC32 per 16 MiB of file, so verification runs on all cores in parallel."""
+
+
+@dataclass
+class Throttle:
+    """Token-bucket style cap: ``wait(n)`` sleeps until ``n`` more bytes fit under ``bandwidth``."""
+
+    bandwidth: float | None = None
+    """Bytes per second; ``None`` or ``0`` means unlimited."""
+    _start: float = field(default=0.0, repr=False)
+    _sent: int = field(default=0, repr=False)
+
+    def __post_init__(self):
+        if self.bandwidth is not None and self.bandwidth < 0:
+            raise ValueError(f"write_bandwidth must be None or > 0 bytes/s, got {self.bandwidth!r}")
+        self.reset()
+
+    def reset(self) -> None:
+        self._start = time.monotonic()
+        self._sent = 0
+
+    def wait(self, nbytes: int) -> None:
+        self._sent += nbytes
+        if not self.bandwidth:
+            return
+        due = self._start + self._sent / self.bandwidth
+        delay = due - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+
+
+class MeteredStream:
+    """A write-only binary stream over ``raw`` that throttles, counts and checksums what passes."""
+
+    def __init__(self, raw, throttle: Throttle):
+        self.raw = raw
+        self.throttle = throttle
+        self.crc32_chunks: list[int] = []
+        self._crc, self._fill = 0, 0
+        self.size = 0
+        self.error: OSError | None = None
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        for start in range(0, len(view), CHUNK):
+            chunk = view[start:start + CHUNK]
+            try:
+                self.raw.write(chunk)
+            except OSError as e:  # torch.save's zip writer would hide it behind "unexpected pos"
+                self.error = e
+                raise
+            self._checksum(chunk)
+            self.throttle.wait(len(chunk))
+        self.size += len(view)
+        return len(view)
+
+    def _checksum(self, data: memoryview) -> None:
+        pos = 0
+        while pos < len(data):
+            part = data[pos:pos + VERIFY_CHUNK - self._fill]
+            self._crc = zlib.crc32(part, self._crc)
+            self._fill += len(part)
+            pos += len(part)
+            if self._fill == VERIFY_CHUNK:
+                self.crc32_chunks.append(self._crc)
+                self._crc, self._fill = 0, 0
+
+    def entry(self) -> dict:
+        """``{"size", "chunk_bytes", "crc32_chunks"}`` of everything written so far."""
+        tail = [self._crc] if self._fill else []
+        return {"size": self.size, "chunk_bytes": VERIFY_CHUNK, "crc32_chunks": self.crc32_chunks + tail}
+
+    def tell(self) -> int:
+        return self.size
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+    def fileno(self) -> int:
+        return self.raw.fileno()
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def readable(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.raw.close()
+
+    @property
+    def closed(self) -> bool:
+        return self.raw.closed

@@ -1,0 +1,32 @@
+"""In-process restart (``nvrx_lab.inprocess``)
+============================================
+
+Restart a failed or hung training function *inside the same processes*: no new interpreter, no
+``import torch``, no new CUDA context. Mirrors NVRx's ``inprocess.Wrapper`` and closes two of its
+gaps on CPU/gloo: a rank blocked in a **gloo** collective is unblocked at once (its sockets are
+cut, :mod:`.interrupt`), and a rank sitting in ``time.sleep`` or a blocking read is interrupted
+by a signal instead of waiting for the hard timeout.
+
+One concept a file: :mod:`.wrap` (the decorator and its settings), :mod:`.loop` (the attempt
+loop), :mod:`.call_wrapper`, :mod:`.store`, :mod:`.monitor` (thread), :mod:`.monitor_process`
+(hard timeout, death notice, store host), :mod:`.interrupt`, and the policies :mod:`.abort`,
+:mod:`.health_check`, :mod:`.rank_assignment`; :mod:`.restart_log`; :mod:`.spawn` (a local
+launcher that lets survivors run). Introduced in ``notebooks/02_in_process_restart.ipynb``.
+"""
+
+from .abort import Abort, AbortCallback, AbortTorchDistributed
+from .call_wrapper import CallWrapper
+from .compose import Compose
+from .health_check import CudaHealthCheck, FaultCounter, HealthCheck, HealthCheckError
+from .interrupt import RankShouldRestart
+from .rank_assignment import FillGaps, RankAssignment, ShiftRanks
+from .restart_log import RestartLimitError, RestartRecord
+from .state import State
+from .wrap import Wrapper
+
+__all__ = [
+    "Wrapper", "CallWrapper", "State", "RankShouldRestart", "RestartLimitError", "RestartRecord",
+    "Abort", "AbortTorchDistributed", "AbortCallback", "Compose",
+    "HealthCheck", "CudaHealthCheck", "FaultCounter", "HealthCheckError",
+    "RankAssignment", "ShiftRanks", "FillGaps",
+]

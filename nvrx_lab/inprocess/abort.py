@@ -1,0 +1,71 @@
+"""Abort policies: unblock the main thread's communication when an attempt must end
+=================================================================================
+
+Called by the monitor thread, *before* it signals the main thread, with the attempt's
+:class:`~.state.State`. Each is a small callable ``abort(state) -> state``; combine them with
+:class:`~.compose.Compose`. The main thread then destroys the process group itself once it is
+out of the collective (see :mod:`.wrap`), so an abort never races a half-finished
+``destroy_process_group``.
+"""
+
+from __future__ import annotations
+
+import abc
+
+import torch
+import torch.distributed as dist
+
+from .interrupt import SocketTracker
+from .state import State
+
+
+class Abort(abc.ABC):
+    """Base class: ``__call__(state) -> state``; must return quickly and never block."""
+
+    @abc.abstractmethod
+    def __call__(self, state: State) -> State: ...
+
+
+class AbortTorchDistributed(Abort):
+    """Makes every pending collective of this attempt fail now.
+
+    * gloo (and the attempt's store client): ``shutdown(SHUT_RDWR)`` of the sockets the attempt
+      opened (:class:`~.interrupt.SocketTracker`); peers blocked with us fail at once too.
+    * NCCL (when CUDA is available): ``ProcessGroupNCCL.abort()`` on every group's CUDA backend.
+    """
+
+    def __init__(self, sockets: SocketTracker | None = None):
+        self.sockets = sockets
+        """Set by the Wrapper to the attempt's tracker; ``None`` skips the gloo part."""
+
+    def __call__(self, state: State) -> State:
+        if self.sockets is not None:
+            self.sockets.cut()
+        if torch.cuda.is_available() and dist.is_available() and dist.is_initialized():
+            abort_nccl()
+        return state
+
+
+def abort_nccl() -> int:
+    """``abort()`` the NCCL backend of every live process group; returns how many were aborted."""
+    n = 0
+    for pg in list(dist.distributed_c10d._world.pg_map.keys()):
+        try:
+            backend = pg._get_backend(torch.device("cuda"))
+        except Exception:  # no CUDA backend on this group
+            continue
+        if type(backend).__name__ == "ProcessGroupNCCL":
+            backend.abort()
+            n += 1
+    return n
+
+
+class AbortCallback(Abort):
+    """Wraps any ``fn(state)`` (e.g. cancel an async checkpoint writer) as an abort policy."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, state: State) -> State:
+        self.fn(state)
+        return state

@@ -1,0 +1,159 @@
+"""Interrupting a main thread wherever it blocks
+=================================================
+
+A restart is only as fast as the slowest rank leaves its current attempt. Three places a main
+thread can sit, and what gets it out (measured on torch 2.13, CPU/gloo; see
+``tests/test_inprocess_interrupt.py``):
+
+* **Python code, ``time.sleep``, a blocking socket read, ``Lock.acquire``** — a signal sent to
+  the main thread (``signal.pthread_kill(main, SIGUSR1)``) makes the syscall return with EINTR;
+  our handler raises :class:`RankShouldRestart`, and Python propagates it out of the call.
+  ``PyThreadState_SetAsyncExc`` (what NVRx uses) only fires at the next bytecode, so it cannot
+  interrupt a sleep or a blocked read.
+* **A gloo collective** — the main thread waits in C++ with the GIL released; signals do not
+  end the wait, and neither do ``ProcessGroup.abort()``, ``shutdown()``, ``_abort_process_group``
+  nor ``destroy_process_group`` from another thread (they return, the wait goes on until the peer
+  process exits). What ends it is the transport: ``shutdown(SHUT_RDWR)`` on the group's connected
+  TCP sockets makes gloo's pair fail with "Connection closed by peer" at once, here *and* on the
+  peer. The listening socket must be left alone (gloo aborts the process on ``accept`` EINVAL).
+  The sockets are the ones the attempt opened: :class:`SocketTracker` diffs ``/proc/self/fd``
+  around ``init_process_group``; while the group initialises, the store client its rendezvous
+  uses is cut too (and replaced afterwards), so a rendezvous blocked on a dead peer ends as well.
+* **An NCCL collective** — ``ProcessGroupNCCL.abort()`` (in :mod:`.abort`), guarded by CUDA.
+
+What none of these reach (a native loop that blocks signals, a hung CUDA kernel) is left to the
+hard timeout of :mod:`.monitor_process`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import stat
+import threading
+from typing import Iterable
+
+INTERRUPT_SIGNAL = signal.SIGUSR1
+"""The signal sent to the main thread; its handler raises :class:`RankShouldRestart` while armed."""
+
+
+class RankShouldRestart(BaseException):
+    """Raised in the main thread to end the current attempt. A ``BaseException``, so a training
+    loop's ``except Exception`` does not swallow it."""
+
+
+class MainThreadInterrupter:
+    """Installs the signal handler (main thread only) and arms it around the wrapped function.
+
+    Raising only while :attr:`armed` keeps the wrapper's own restart code safe from late signals.
+    """
+
+    def __init__(self, sig: signal.Signals = INTERRUPT_SIGNAL):
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("the in-process Wrapper must be called from the main thread (it handles signals)")
+        self.sig = sig
+        self.armed = False
+        self.reason = ""
+        self._previous = signal.signal(sig, self._handler)
+
+    def _handler(self, signum, frame) -> None:
+        if self.armed:  # the monitor re-sends while armed, in case user code swallows one
+            raise RankShouldRestart(self.reason or "interrupted by the in-process monitor")
+
+    def interrupt(self, reason: str) -> None:
+        """From any thread: make the main thread raise (if armed)."""
+        self.reason = reason
+        signal.pthread_kill(threading.main_thread().ident, self.sig)
+
+    def restore(self) -> None:
+        self.armed = False
+        signal.signal(self.sig, self._previous)
+
+
+def socket_fds() -> set[int]:
+    """The open file descriptors of this process that are sockets."""
+    out = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if stat.S_ISSOCK(os.stat(f"/proc/self/fd/{name}").st_mode):
+                out.add(int(name))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def shutdown_connected(fds: Iterable[int]) -> int:
+    """``shutdown(SHUT_RDWR)`` every *connected* TCP socket among ``fds``; listeners are skipped.
+
+    The descriptor is duplicated for the call, so the owner's fd number stays valid and is closed
+    by its owner later. Returns how many sockets were shut down.
+    """
+    n = 0
+    for fd in fds:
+        try:
+            s = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        try:
+            if s.family not in (socket.AF_INET, socket.AF_INET6) or s.type != socket.SOCK_STREAM:
+                continue
+            if s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                continue
+            s.getpeername()  # raises if not connected
+            s.shutdown(socket.SHUT_RDWR)
+            n += 1
+        except OSError:
+            pass
+        finally:
+            s.close()
+    return n
+
+
+class SocketTracker:
+    """Remembers which sockets the current attempt opened, so an abort can cut exactly those.
+
+    ``begin()`` snapshots the sockets before the attempt's store client and process group exist;
+    ``commit()`` (after ``init_process_group``) fixes the set; ``cut()`` from any thread shuts the
+    attempt's connected sockets down — during initialisation it uses "everything opened since
+    ``begin()``".
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._before: set[int] | None = None
+        self._initializing = False
+        self._owned: set[int] = set()
+        self._init_only: set[int] = set()
+        self.cut_init_only = False
+        """True once a cut hit the ``init_only`` sockets: their owner must reconnect."""
+
+    def begin(self, init_only: set[int] | None = None) -> None:
+        """Start tracking; ``init_only`` (e.g. the long-lived store client the group rendezvous
+        uses) is cut too, but only while the group is initialising."""
+        with self._lock:
+            self._before = socket_fds()
+            self._init_only = set(init_only or ())
+            self._initializing = True
+
+    def commit(self) -> None:
+        with self._lock:
+            if self._before is not None:
+                self._owned |= socket_fds() - self._before
+            self._initializing = False
+
+    def cut(self) -> int:
+        with self._lock:
+            fds = set(self._owned)
+            if self._initializing and self._before is not None:
+                fds |= (socket_fds() - self._before) | self._init_only
+                self.cut_init_only = self.cut_init_only or bool(self._init_only)
+            return shutdown_connected(fds)
+
+    def reset(self) -> None:
+        """After the attempt's group and store are destroyed: forget the (now closed) fds."""
+        with self._lock:
+            self._before = None
+            self._initializing = False
+            self._owned = set()
+            self._init_only = set()

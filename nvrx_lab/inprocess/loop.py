@@ -1,0 +1,262 @@
+"""The restart loop: one wrapped call, many attempts
+==================================================
+
+What :class:`~.wrap.Wrapper` runs on every rank, top to bottom::
+
+    start the monitor process (hard timeout, death notice; rank 0's also hosts the store)
+    start the monitor thread (heartbeats, fault watch, soft timeout, interrupts)
+    rendezvous 0: all ranks meet, ranks assigned
+    loop:
+        attempt n: fn(call_wrapper)             <- a fault anywhere ends it on every rank
+        if every active rank returned: done
+        teardown (destroy the group)   -> abort_s
+        health checks                  -> health_s
+        limits (max_iterations)
+        rendezvous n+1 without the dead -> rendezvous_s, new ranks (min_world_size)
+        restart record emitted at the next attempt's first ping (reload_s, back_s)
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch.distributed as dist
+
+from . import monitor_process
+from .call_wrapper import CallWrapper
+from .health_check import HealthCheckError
+from .interrupt import MainThreadInterrupter, RankShouldRestart, SocketTracker, socket_fds
+from .monitor import MonitorThread
+from .restart_log import RestartLimitError, RestartRecord, root_cause
+from .state import State
+from .store import RestartStore, connect, poll
+
+
+def _env_int(name: str, default: int | None = None) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        if default is None:
+            raise RuntimeError(f"in-process Wrapper: environment variable {name} is not set; launch with "
+                               f"torchrun (or set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)")
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise RuntimeError(f"in-process Wrapper: {name}={value!r} is not an integer") from None
+
+
+class RestartLoop:
+    def __init__(self, cfg, fn):
+        self.cfg, self.fn = cfg, fn
+        self.history: list[RestartRecord] = []
+        self.proc = self.progress = self.monitor = self.store = None
+        self._emitted: set[int] = set()
+
+    # -- entry ---------------------------------------------------------------------------------
+    def run(self, args, kwargs):
+        cfg = self.cfg
+        self.me = _env_int("RANK", 0)
+        self.ws = _env_int("WORLD_SIZE", 1)
+        self.host = cfg.store_host or os.environ.get("MASTER_ADDR", "127.0.0.1")
+        self.port = cfg.store_port or _env_int("MASTER_PORT") + 1
+        self.emit = cfg.emit or (lambda kind, **fields: None)
+        self.interrupter = MainThreadInterrupter()
+        self.sockets = SocketTracker()
+        self.abort = cfg.bind_abort(self.sockets)
+        try:
+            self.proc, self.progress = monitor_process.start(
+                self.me, self.ws, self.host, self.port, host_store=(self.me == 0 and cfg.host_store),
+                hard_timeout=cfg.hard_timeout if cfg.hard_timeout is not None else float("inf"),
+                interval=cfg.monitor_interval * 2, heartbeat_interval=cfg.heartbeat_interval,
+                idle_exit=max(10.0, 3 * cfg.heartbeat_timeout))
+            # every client is made now, before the monitor thread runs: a TCPStore client holds
+            # the GIL while it connects (incl. a reverse-DNS lookup that can stall for seconds)
+            self.store = RestartStore(connect(self.host, self.port, cfg.barrier_timeout))
+            self.store.beat(self.me)  # every member has a counter before rendezvous 0
+            monitor_store = RestartStore(connect(self.host, self.port, cfg.barrier_timeout))
+            self._new_pg_client()
+            self.monitor = MonitorThread(
+                monitor_store, self.me, list(range(self.ws)), self.interrupter, self.abort, cfg.soft_timeout,
+                cfg.heartbeat_interval, cfg.heartbeat_timeout, cfg.monitor_interval)
+            self.monitor.start()
+            self.progress.write(armed=True)
+            return self._loop(args, kwargs)
+        finally:
+            self._shutdown()
+
+    def _loop(self, args, kwargs):
+        cfg, me = self.cfg, self.me
+        assignment = self._rendezvous(0, list(range(self.ws)), {r: r for r in range(self.ws)})
+        iteration, pending = 0, None
+        while True:
+            active = sorted(r for r, k in assignment.items() if k is not None)
+            state = State(me, self.ws, iteration, assignment[me], len(active), tuple(sorted(assignment)), assignment)
+            outcome, value, own_exc, t_stop, cw = self._attempt(state, pending, args, kwargs)
+            if pending is not None and id(pending) not in self._emitted:
+                self._emit(pending, cw)  # the attempt ended before its first ping
+            if outcome == "ok":
+                return value
+            t0 = time.monotonic()
+            self.monitor.disarm()
+            self._teardown(cw)
+            abort_s = time.monotonic() - t0
+            record = self._record(iteration, t_stop)
+            record.abort_s = abort_s
+            t0 = time.monotonic()
+            own = own_exc if (record.fault_rank == me and record.cause == "exception") else None
+            try:
+                if cfg.health_check is not None:
+                    cfg.health_check(state.replace(fn_exception=own))
+            except Exception as e:
+                detail = f"health check failed: {type(e).__name__}: {e}"
+                self.store.announce_death(me, "unhealthy", detail, time.time())
+                raise HealthCheckError(f"rank {me} leaves the job: {detail}") from e
+            record.health_s = time.monotonic() - t0
+            self.history.append(record)
+            if cfg.max_iterations is not None and iteration + 1 >= cfg.max_iterations:
+                raise RestartLimitError(f"max_iterations={cfg.max_iterations} reached", self.history)
+            t0 = time.monotonic()
+            assignment = self._rendezvous(iteration + 1, list(assignment), assignment)
+            rendezvous_s = time.monotonic() - t0
+            # the dead are known once the rendezvous is decided: attribute the fault now
+            record = self._record(iteration, t_stop, record)
+            record.rendezvous_s = rendezvous_s
+            record.world_size = sum(k is not None for k in assignment.values())
+            record.new_rank = assignment[me]
+            if record.world_size < cfg.min_world_size:
+                raise RestartLimitError(f"only {record.world_size} ranks left, min_world_size={cfg.min_world_size} "
+                                        f"(live: {sorted(assignment)})", self.history)
+            iteration, pending = iteration + 1, record
+
+    # -- one attempt -----------------------------------------------------------------------------
+    def _attempt(self, state: State, pending, args, kwargs):
+        n, me = state.iteration, self.me
+        self.progress.write(iteration=n)
+        on_first = (lambda cw: self._emit(pending, cw)) if pending is not None else None
+        cw = CallWrapper(state, self.pg_client, self.pg_client_fds, self.monitor, self.sockets, self.progress,
+                         self.cfg.pg_timeout, on_first)
+        active = [r for r, k in state.assignment.items() if k is not None]
+        self.monitor.arm(state)
+        try:
+            try:
+                self.interrupter.armed = True
+                if state.rank is None:
+                    value = self._spare_wait(state, cw, active)
+                else:
+                    value = self.fn(cw, *args, **kwargs)
+            finally:
+                self.interrupter.armed = False
+            self.store.mark_done(n, me)
+            result = poll(lambda: "done" if self.store.all_done(n, active) else
+                          ("fault" if self.store.has_fault(n) else None),
+                          self.cfg.barrier_timeout, f"all ranks to finish attempt {n}", on_poll=self.progress.write)
+            if result == "done":
+                self.monitor.disarm()
+                return "ok", value, None, time.time(), cw
+            return "fault", None, None, time.time(), cw
+        except RankShouldRestart:
+            return "fault", None, None, time.time(), cw
+        except Exception as e:
+            t = time.time()
+            self.store.report_fault(n, me, "exception", f"{type(e).__name__}: {e}", t)
+            try:
+                self.abort(state)  # cut our sockets: peers blocked with us fail now, not at a timeout
+            except Exception:
+                pass
+            return "fault", None, e, t, cw
+
+    def _spare_wait(self, state: State, cw: CallWrapper, active: list[int]):
+        """A spare waits for the attempt to end: a fault (it may step in) or completion."""
+        poll(lambda: self.store.has_fault(state.iteration) or self.store.all_done(state.iteration, active),
+             float("inf"), "the attempt to end", interval=0.01, on_poll=cw.ping)
+        return None
+
+    def _teardown(self, cw: CallWrapper) -> None:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+        if self.sockets.cut_init_only:  # an abort cut the group's store client mid-rendezvous
+            self.sockets.cut_init_only = False
+            self._new_pg_client()
+        self.sockets.reset()
+
+    def _new_pg_client(self) -> None:
+        """The store client the attempts' process groups rendezvous through (reused: no new
+        connection per restart unless an abort had to cut it)."""
+        before = socket_fds()
+        self.pg_client = connect(self.host, self.port, self.cfg.barrier_timeout)
+        self.pg_client_fds = socket_fds() - before
+
+    # -- rendezvous ----------------------------------------------------------------------------
+    def _rendezvous(self, n: int, previous_members: list[int], previous: dict) -> dict:
+        """Meet the live members of the previous attempt; the first complete proposal wins."""
+        expected, me, cfg = set(previous_members), self.me, self.cfg
+        self.store.arrive(n, me)
+
+        def ready():
+            decided = self.store.decided_members(n)
+            if decided is not None:
+                return decided
+            deaths = self.store.deaths(expected)
+            dead = set(deaths) | (self.monitor.stale() & expected)
+            arrived = self.store.arrived(n, expected)
+            if me in dead or not (expected - dead) <= arrived:
+                return None
+            for p in sorted(dead - set(deaths)):  # found by heartbeat: make it known to all
+                detail = f"no heartbeat for > {cfg.heartbeat_timeout} s (seen by rank {me} at rendezvous {n})"
+                t = time.time() - self.monitor.silent_for(p)  # its last sign of life
+                self.store.announce_death(p, "dead", detail, t)
+                if n > 0:
+                    self.store.report_fault(n - 1, p, "dead", detail, t)
+            survivors = sorted(arrived - dead)
+            assignment = cfg.rank_assignment(survivors, previous, self.ws)
+            return self.store.decide_members(n, {"members": survivors,
+                                                 "assignment": {str(k): v for k, v in assignment.items()}})
+
+        try:
+            decided = poll(ready, cfg.barrier_timeout, f"the live ranks to meet for attempt {n}",
+                           interval=0.002, on_poll=self.progress.write)
+        except TimeoutError as e:
+            raise TimeoutError(f"{e}: expected {sorted(expected)}, arrived {sorted(self.store.arrived(n, expected))}, "
+                               f"dead {sorted(self.store.deaths(expected))}, silent {sorted(self.monitor.stale())} "
+                               f"(monitor error: {self.monitor.error!r})") from None
+        assignment = {int(k): v for k, v in decided["assignment"].items()}
+        if me not in assignment:
+            raise RestartLimitError(f"rank {me} was excluded from attempt {n} (it arrived after the survivors "
+                                    f"{decided['members']} were decided)", self.history)
+        return assignment
+
+    def _record(self, iteration: int, t_stop: float, record: RestartRecord | None = None) -> RestartRecord:
+        """(Re)build the attempt's restart record from every fault report in the store."""
+        faults = self.store.faults(iteration)
+        root = root_cause(faults)
+        if record is None:
+            record = RestartRecord(iteration, "", -1, "", None)
+        record.cause, record.fault_rank, record.detail, record.t_fault = (root["cause"], root["rank"],
+                                                                          root["detail"], root["t"])
+        record.detect_s = max(0.0, t_stop - root["t"]) if root["t"] else 0.0
+        record.reports = [(f["cause"], f["rank"]) for f in faults]
+        return record
+
+    def _emit(self, record: RestartRecord, cw: CallWrapper) -> None:
+        if id(record) in self._emitted:
+            return
+        self._emitted.add(id(record))
+        if record.t_fault is not None:
+            record.back_s = time.time() - record.t_fault
+        record.reload_s = cw.records.get("reload_s")
+        self.emit("restart", **{**record.fields(), "rank": self.me})
+
+    def _shutdown(self) -> None:
+        if self.monitor is not None:
+            self.monitor.stop()
+        if self.progress is not None:
+            self.progress.write(armed=False, finished=True)
+        if self.proc is not None and not (self.me == 0 and self.cfg.host_store):
+            try:
+                self.proc.wait(timeout=2.0)
+            except Exception:
+                self.proc.kill()
+        if self.progress is not None:
+            self.progress.close()
+        self.interrupter.restore()

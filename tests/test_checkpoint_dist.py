@@ -1,0 +1,63 @@
+"""Real processes: 2 FSDP2 ranks save (sync + async), then 3 ranks and 1 plain process load (resharding)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from nvrx_lab.checkpoint import AsyncCheckpointer, step_dir
+from nvrx_lab.net import free_port
+
+WORKER = Path(__file__).parent / "workers" / "ckpt_fsdp.py"
+
+
+def torchrun(nproc: int, *args: str, timeout: float = 100) -> str:
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--nnodes=1",
+           "--master-addr=127.0.0.1", f"--master-port={free_port()}", str(WORKER), *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, out[-4000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def saved_by_two_ranks(tmp_path_factory):
+    out_dir = tmp_path_factory.mktemp("fsdp2")
+    out = torchrun(2, "save", str(out_dir))
+    assert out.count("SAVE_OK") == 2, out[-4000:]
+    return out_dir
+
+
+@pytest.mark.timeout(150)
+def test_two_ranks_to_three_ranks(saved_by_two_ranks):
+    out = torchrun(3, "load", str(saved_by_two_ranks))
+    assert out.count("LOAD_OK") == 3, out[-4000:]
+
+
+@pytest.mark.timeout(150)
+def test_two_ranks_to_one_plain_process(saved_by_two_ranks):
+    root = saved_by_two_ranks / "ckpt"
+    assert sorted(p.name for p in step_dir(root, 2).iterdir()) == [
+        ".metadata", "__0_0.distcp", "__1_0.distcp", "nvrx_commit.json"]
+    model = nn.Sequential(nn.Linear(16, 33), nn.ReLU(), nn.Linear(33, 8))
+    state = {"model": model.state_dict(), "meta": {"step": 0, "name": ""}}
+    with AsyncCheckpointer(root, start_writer=False) as ckpt:
+        assert ckpt.latest_step() == 2
+        assert ckpt.load(state) == 2
+    ref = torch.load(saved_by_two_ranks / "ref.pt", weights_only=True)
+    for k, v in ref["model"].items():
+        assert torch.equal(model.state_dict()[k], v), k
+    assert state["meta"] == {"step": 2, "name": "fsdp"}

@@ -1,0 +1,184 @@
+"""In-process restart (nvrx_lab.inprocess): fast unit tests of the policies and the interrupt,
+then end-to-end runs of ``tests/workers/inprocess_worker.py`` on 2-3 real processes with
+deterministic fault schedules (rank:iteration:step:kind)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from nvrx_lab.events import read_events
+from nvrx_lab.inprocess import (FillGaps, RestartLimitError, RestartRecord, ShiftRanks, Wrapper)
+from nvrx_lab.inprocess.interrupt import MainThreadInterrupter, RankShouldRestart
+from nvrx_lab.inprocess.restart_log import root_cause
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER = ROOT / "tests" / "workers" / "inprocess_worker.py"
+GLOO_CUT = ROOT / "tests" / "workers" / "inprocess_gloo_cut.py"
+
+
+def run_job(script: Path, nproc: int, args: list[str], timeout: float = 60.0):
+    """Start ``nproc`` ranks with the survivors-keep-running launcher; kill the whole group after."""
+    cmd = [sys.executable, "-m", "nvrx_lab.inprocess.spawn", "--nproc", str(nproc), "--",
+           sys.executable, str(script), *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, cwd=ROOT)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, out
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=10)
+        return None, f"TIMEOUT after {timeout} s\n{out}"
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def worker_args(tmp_path: Path, faults: str, *extra: str) -> list[str]:
+    return ["--events", str(tmp_path / "ev.jsonl"), "--ckpt-dir", str(tmp_path), "--faults", faults, *extra]
+
+
+# -- policies (no processes) --------------------------------------------------------------------
+def test_shift_ranks_closes_holes_and_keeps_spares():
+    assert ShiftRanks()([0, 2, 3], {0: 0, 1: 1, 2: 2, 3: 3}, 4) == {0: 0, 2: 1, 3: 2}
+    # one spare: rank 3 idles; when 1 dies the spare steps in
+    first = ShiftRanks(spares=1)([0, 1, 2, 3], {r: r for r in range(4)}, 4)
+    assert first == {0: 0, 1: 1, 2: 2, 3: None}
+    assert ShiftRanks(spares=1)([0, 2, 3], first, 4) == {0: 0, 2: 1, 3: 2}
+
+
+def test_fill_gaps_moves_only_the_highest_rank():
+    assert FillGaps()([0, 2, 3], {0: 0, 1: 1, 2: 2, 3: 3}, 4) == {0: 0, 2: 2, 3: 1}
+    first = FillGaps(spares=1)([0, 1, 2, 3], {r: r for r in range(4)}, 4)
+    assert FillGaps(spares=1)([0, 2, 3], first, 4) == {0: 0, 2: 2, 3: 1}
+
+
+def test_wrapper_rejects_bad_settings_with_the_field_name():
+    with pytest.raises(ValueError, match="hard_timeout"):
+        Wrapper(soft_timeout=5, hard_timeout=2)
+    with pytest.raises(ValueError, match="soft_timeout"):
+        Wrapper(soft_timeout="soon")
+    with pytest.raises(ValueError, match="max_iterations"):
+        Wrapper(max_iterations=0)
+    with pytest.raises(ValueError, match="rank_assignment"):
+        Wrapper(rank_assignment=lambda *a: {})
+    from datetime import timedelta
+    assert Wrapper(soft_timeout=timedelta(seconds=3), hard_timeout=timedelta(seconds=4)).soft_timeout == 3.0
+
+
+def test_root_cause_prefers_a_death_over_the_collective_errors_it_caused():
+    faults = [{"cause": "exception", "rank": 0, "detail": "Connection closed by peer", "t": 1.0},
+              {"cause": "dead", "rank": 1, "detail": "killed", "t": 1.02}]
+    assert root_cause(faults)["rank"] == 1
+    err = RestartLimitError("max_iterations=2 reached", [RestartRecord(0, "dead", 1, "killed", 1.0)])
+    assert "dead on rank 1" in str(err) and "max_iterations=2" in str(err)
+
+
+# -- interrupting the main thread (this process) ------------------------------------------------
+@pytest.mark.parametrize("blocking", ["sleep", "socket"])
+def test_signal_interrupts_sleep_and_blocking_read(blocking):
+    it = MainThreadInterrupter()
+    a, b = socket.socketpair()
+    try:
+        threading.Timer(0.3, it.interrupt, args=("test",)).start()
+        it.armed = True
+        t0 = time.monotonic()
+        with pytest.raises(RankShouldRestart):
+            time.sleep(30) if blocking == "sleep" else a.recv(1)
+        assert time.monotonic() - t0 < 5
+    finally:
+        it.restore()
+        a.close(), b.close()
+
+
+@pytest.mark.timeout(60)
+def test_cutting_sockets_unblocks_a_gloo_collective_but_pg_abort_does_not():
+    """torch 2.13: ProcessGroup.abort() from another thread leaves a gloo all_reduce waiting
+    (until the peer lets go); shutting the group's sockets down ends it at once."""
+    rc, out = run_job(GLOO_CUT, 2, ["--peer-wait", "3"], timeout=50)
+    results = {r["action"]: r for r in (json.loads(ln) for ln in out.splitlines() if ln.startswith('{"action"'))}
+    assert set(results) == {"abort", "cut"}, out
+    assert results["cut"]["error"] and results["cut"]["seconds"] < 1.0, results
+    assert results["abort"]["seconds"] > 2.0, results
+
+
+# -- end to end ---------------------------------------------------------------------------------
+@pytest.mark.timeout(90)
+def test_exception_and_hangs_restart_every_rank_in_process(tmp_path):
+    faults = "1:0:5:exception,0:1:8:hang,1:2:11:hang_socket"
+    rc, out = run_job(WORKER, 2, worker_args(tmp_path, faults, "--steps", "16"), timeout=80)
+    assert rc == 0, out
+    ev = tmp_path / "ev.jsonl"
+    done = read_events(ev, "done")
+    assert sorted(d["rank"] for d in done) == [0, 1] and all(d["step"] == 16 and d["iteration"] == 3 for d in done)
+    restarts = read_events(ev, "restart")
+    assert len(restarts) == 6  # 3 restarts x 2 ranks, one event each
+    by_iter = {r["iteration"]: r for r in restarts if r["rank"] == 0}
+    assert by_iter[0]["cause"] == "exception" and by_iter[0]["fault_rank"] == 1
+    assert by_iter[1]["cause"] == "hang" and by_iter[2]["cause"] == "hang"
+    for r in restarts:
+        assert {"detect_s", "abort_s", "health_s", "rendezvous_s", "reload_s", "back_s"} <= set(r)
+        assert r["back_s"] < 30 and r["reload_s"] is not None
+    # reload: after each restart training resumes from the last checkpoint (every 5 steps)
+    first_steps = {}
+    for s in read_events(ev, "step"):
+        first_steps.setdefault((s["rank"], s["iteration"]), s["step"])
+    assert first_steps[(0, 1)] == 6 and first_steps[(0, 2)] == 6 and first_steps[(0, 3)] == 11
+
+
+@pytest.mark.timeout(90)
+def test_dead_store_host_and_frozen_rank_are_dropped_and_ranks_refilled(tmp_path):
+    """3 ranks, FillGaps: rank 0 (whose monitor process hosts the store) is SIGKILLed, then
+    initial rank 2 freezes with signals blocked (only the hard timeout ends it)."""
+    faults = "0:0:4:sigkill,2:1:7:hang_native"
+    rc, out = run_job(WORKER, 3, worker_args(tmp_path, faults, "--steps", "12", "--assignment", "fill"), timeout=80)
+    assert rc == 0, out
+    ev = tmp_path / "ev.jsonl"
+    restarts = [r for r in read_events(ev, "restart") if r["rank"] == 1]
+    assert [(r["cause"], r["fault_rank"]) for r in restarts] == [("dead", 0), ("hard_timeout", 2)], restarts
+    assert restarts[0]["world_size"] == 2 and restarts[0]["new_rank"] == 1  # FillGaps: 1 keeps 1, 2 fills 0
+    (done,) = read_events(ev, "done")
+    assert done["rank"] == 1 and done["world_size"] == 1 and done["step"] == 12
+
+
+@pytest.mark.timeout(60)
+def test_lost_node_by_heartbeat_then_min_world_size_error_lists_every_restart(tmp_path):
+    """Attempt 0: rank 1 raises. Attempt 1: rank 1 and its monitor process die together (a lost
+    node): only the heartbeat timeout tells rank 0; one rank left < min_world_size=2."""
+    args = worker_args(tmp_path, "1:0:2:exception,1:1:4:sigkill_all", "--steps", "12", "--min-world-size", "2")
+    t0 = time.monotonic()
+    rc, out = run_job(WORKER, 2, args, timeout=50)
+    assert rc != 0
+    assert "in-process restart gave up: only 1 ranks left, min_world_size=2" in out, out
+    assert "restarts (2):" in out
+    assert "attempt 0: exception on rank 1: RuntimeError: injected exception" in out
+    assert "attempt 1: dead on rank 1: no heartbeat" in out
+    assert time.monotonic() - t0 < 45  # the store host does not linger for a dead rank
+
+
+@pytest.mark.timeout(120)
+def test_100_restarts_leak_nothing_then_max_iterations_stops(tmp_path):
+    """Rank 1 raises in every attempt: 100 restarts in the same processes, then the limit."""
+    args = worker_args(tmp_path, "1:*:1:exception", "--steps", "3", "--step-time", "0",
+                       "--max-iterations", "101", "--resources")
+    rc, out = run_job(WORKER, 2, args, timeout=110)
+    assert rc != 0 and "gave up: max_iterations=101 reached" in out and "restarts (101):" in out, out[-3000:]
+    res = {(e["rank"], e["iteration"]): e for e in read_events(tmp_path / "ev.jsonl", "resources")}
+    for rank in (0, 1):
+        early, late = res[(rank, 5)], res[(rank, 100)]
+        assert late["threads"] == early["threads"], (early, late)
+        assert late["fds"] == early["fds"], (early, late)
+        assert late["rss_mb"] <= early["rss_mb"] * 1.05, (early, late)
+    assert len(read_events(tmp_path / "ev.jsonl", "restart")) == 200  # 100 restarts x 2 ranks

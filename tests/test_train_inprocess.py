@@ -1,0 +1,36 @@
+"""The trainer with --restart inprocess under torchrun: an exception and a hang are restarted inside the
+same processes, resume from the async checkpoint, and land on the very same loss curve."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pytest
+
+from nvrx_lab.events import read_events
+
+
+@pytest.mark.timeout(150)
+def test_exception_and_hang_restart_in_process_onto_the_same_curve(torchrun, tmp_path):
+    metrics = tmp_path / "m.jsonl"
+    res = torchrun(2, "-m", "nvrx_lab.train", "--restart", "inprocess", "--soft-timeout", "3", "--hard-timeout", "30",
+                   "--ckpt", "async", "--ckpt-dir", str(tmp_path / "ckpt"), "--ckpt-interval", "3", "--steps", "14",
+                   "--faults", "1:7:exception,1:11:hang", "--metrics", str(metrics), "--log-every", "0",
+                   "--global-batch", "4", "--seq-len", "32", timeout=130)
+    assert res.returncode == 0, res.stdout[-4000:]
+    events = read_events(metrics)
+    by_step = defaultdict(set)
+    for e in events:
+        if e["kind"] == "step":
+            by_step[e["step"]].add(e["loss"])
+    assert sorted(by_step) == list(range(1, 15))
+    assert all(len(v) == 1 for v in by_step.values()), "a redone step gave another loss"
+    starts = [e for e in events if e["kind"] == "start"]
+    assert len(starts) == 2, "in-process restart must not start new processes"
+    restarts = [e for e in events if e["kind"] == "restart"]
+    assert sorted((e["iteration"], e["rank"]) for e in restarts) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    first, second = (sorted(e["cause"] for e in restarts if e["iteration"] == i) for i in (0, 1))
+    assert first == ["exception", "exception"], first
+    assert second == ["hang", "hang"], second
+    resumes = [e["step"] for e in events if e["kind"] == "resume" and e["rank"] == 0]
+    assert len(resumes) == 2 and resumes[0] <= 6 and resumes[1] <= 9
