@@ -32,6 +32,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.fsdp import fully_shard
 
 from nvrx_lab import layers
+from nvrx_lab.checkpoint import CheckpointError
 from nvrx_lab.cli import parse_dataclass
 from nvrx_lab.data import SyntheticTokens
 from nvrx_lab.dist import DistContext, env_rank, init_distributed
@@ -166,8 +167,12 @@ def train(cfg: TrainConfig, ctx: DistContext, events: EventLog, checkpointer=Non
     ``checkpointer`` follows :class:`nvrx_lab.checkpoint.AsyncCheckpointer`'s API: the attempt resumes
     from its ``latest_step()`` and saves every ``cfg.ckpt_interval`` steps (``cfg.ckpt`` sync or async).
     ``monitor`` (:class:`nvrx_lab.layers.Monitor`) gets a heartbeat per step and a section around
-    checkpoint I/O (``checkpoint_load``, ``checkpoint``, ``checkpoint_finalize``). ``before_step``/``after_step`` are called with the step number.
+    checkpoint I/O (``checkpoint_load``, ``checkpoint``, ``checkpoint_finalize``). ``before_step`` and
+    ``after_step`` are called with the step number; ``io_section(name)`` wraps checkpoint I/O (a restart
+    must not cut it); ``on_resume(load_s)`` hears of a reload; ``progress()`` is called whenever the
+    attempt moves on (model built, state loaded, each step).
     """
+    progress = progress or (lambda: None)
     check_config(cfg, ctx.world_size)
     model = build_model(cfg, ctx.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -220,7 +225,10 @@ def train(cfg: TrainConfig, ctx: DistContext, events: EventLog, checkpointer=Non
                     (checkpointer.save if cfg.ckpt == "sync" else checkpointer.async_save)(state.state_dict(), step=step)
                 if monitor is not None:
                     monitor.after_save()
-            checkpointer.finalize_async_save(blocking=False)
+            try:
+                checkpointer.finalize_async_save(blocking=False)
+            except CheckpointError as e:  # already in the event stream; the previous checkpoint is intact
+                print(f"[rank {ctx.rank}] checkpoint failed, training goes on: {e}", file=sys.stderr, flush=True)
         for hook in after_step:
             hook(step)
     if checkpointer is not None:
