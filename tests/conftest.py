@@ -38,6 +38,16 @@ def run_group(cmd: list[str], timeout: float, env: dict | None = None, cwd: Path
     return subprocess.CompletedProcess(cmd, proc.returncode, out, None)
 
 
+def assert_one_curve(events: list[dict], steps: int) -> None:
+    """Every step 1..steps ran, and a step redone after a restart gave bit for bit the same loss."""
+    by_step: dict[int, set[float]] = {}
+    for e in events:
+        if e["kind"] == "step":
+            by_step.setdefault(e["step"], set()).add(e["loss"])
+    assert sorted(by_step) == list(range(1, steps + 1))
+    assert all(len(v) == 1 for v in by_step.values()), f"a redone step gave another loss: {by_step}"
+
+
 @pytest.fixture
 def port() -> int:
     """A free MASTER_PORT whose neighbour (MASTER_PORT + 1) is free too."""

@@ -3,10 +3,9 @@ same processes, resume from the async checkpoint, and land on the very same loss
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import pytest
 
+from conftest import assert_one_curve
 from nvrx_lab.events import read_events
 
 
@@ -19,12 +18,7 @@ def test_exception_and_hang_restart_in_process_onto_the_same_curve(torchrun, tmp
                    "--global-batch", "4", "--seq-len", "32", timeout=130)
     assert res.returncode == 0, res.stdout[-4000:]
     events = read_events(metrics)
-    by_step = defaultdict(set)
-    for e in events:
-        if e["kind"] == "step":
-            by_step[e["step"]].add(e["loss"])
-    assert sorted(by_step) == list(range(1, 15))
-    assert all(len(v) == 1 for v in by_step.values()), "a redone step gave another loss"
+    assert_one_curve(events, steps=14)
     starts = [e for e in events if e["kind"] == "start"]
     assert len(starts) == 2, "in-process restart must not start new processes"
     restarts = [e for e in events if e["kind"] == "restart"]

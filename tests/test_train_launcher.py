@@ -4,11 +4,9 @@ restarted workers resume from the async checkpoint onto the very same loss curve
 from __future__ import annotations
 
 import sys
-from collections import defaultdict
-
 import pytest
 
-from conftest import run_group
+from conftest import assert_one_curve, run_group
 from nvrx_lab.events import read_events
 from nvrx_lab.goodput import analyze
 
@@ -27,12 +25,7 @@ def test_sigkill_and_hang_recovered_onto_the_same_curve(port, tmp_path):
     assert "killed by SIGKILL; restart 1/3" in res.stdout
     assert "missed heartbeats" in res.stdout and "restart 2/3" in res.stdout
     events = read_events(metrics)
-    by_step = defaultdict(set)
-    for e in events:
-        if e["kind"] == "step":
-            by_step[e["step"]].add(e["loss"])
-    assert sorted(by_step) == list(range(1, 15))
-    assert all(len(v) == 1 for v in by_step.values()), "a redone step gave another loss"
+    assert_one_curve(events, steps=14)
     assert {e["restart_count"] for e in events if e["kind"] == "start"} == {0, 1, 2}
     report = analyze(events)
     assert [f.kind for f in report.faults] == ["sigkill", "hang"]

@@ -14,6 +14,7 @@ The goodput summary is one log line of rank 0: ``GOODPUT {json}``, or a JSON eve
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import threading
 import time
@@ -192,30 +193,36 @@ def submit(spec: JobSpec, cluster: str, region: str, dry_run: bool = True, *, wa
     result = SubmitResult(manifests)
     if dry_run:
         return result
-    api = api_client(cluster, region, session=session, api_server=api_server)
-    try:
+    with _cluster_api(cluster, region, spec.namespace, session, api_server) as api:
         for m in manifests:
             result.actions.append(_create_or_replace(api, m, wait_s=min(300.0, timeout_s)))
         result.status = "submitted"
         if watch_job:
             result.status, result.phases, log = watch(api, spec, timeout_s, poll_s, echo)
             result.goodput, result.log_tail = log.goodput, list(log.tail)
+    return result
+
+
+@contextlib.contextmanager
+def _cluster_api(cluster: str, region: str, namespace: str, session, api_server: str | None):
+    """A Kubernetes API client for the cluster; any failure inside comes out as one clear EksError."""
+    api = api_client(cluster, region, session=session, api_server=api_server)
+    try:
+        yield api
     except EksError:
         raise
     except Exception as exc:  # noqa: BLE001
-        raise explain(exc, cluster, region, spec.namespace) from None
+        raise explain(exc, cluster, region, namespace) from None
     finally:
         api.close()
-    return result
 
 
 def delete(spec: JobSpec, cluster: str, region: str, *, session=None, api_server: str | None = None,
            wait_s: float = 120.0) -> list[str]:
     """Delete the Job (with its pods), its Service and ConfigMap; storage and namespace stay."""
-    api = api_client(cluster, region, session=session, api_server=api_server)
-    core, batch = kubernetes.client.CoreV1Api(api), kubernetes.client.BatchV1Api(api)
     done = []
-    try:
+    with _cluster_api(cluster, region, spec.namespace, session, api_server) as api:
+        core, batch = kubernetes.client.CoreV1Api(api), kubernetes.client.BatchV1Api(api)
         if _delete_job(batch, spec.name, spec.namespace, wait_s):
             done.append(f"deleted Job/{spec.name}")
         for kind, fn, name in (("Service", core.delete_namespaced_service, spec.name),
@@ -226,10 +233,4 @@ def delete(spec: JobSpec, cluster: str, region: str, *, session=None, api_server
             except ApiException as exc:
                 if exc.status != 404:
                     raise
-    except EksError:
-        raise
-    except Exception as exc:  # noqa: BLE001
-        raise explain(exc, cluster, region, spec.namespace) from None
-    finally:
-        api.close()
     return done
