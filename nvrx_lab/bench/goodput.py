@@ -7,6 +7,7 @@ Modes (the write-up's comparison, on one machine):
   multiplied by ``--time-scale`` (shown in every output) so a CPU run stays short
 * ``launcher`` — ``nvrx_lab.launcher`` restarts the workers inside the job (heartbeats + exits)
 * ``inprocess`` — ``--restart inprocess``: the training function restarts inside the same processes
+  (started by ``nvrx_lab.inprocess.spawn``, which lets the survivors of a lost rank go on)
 * ``launcher+inprocess`` — both: exceptions in-process, dead or frozen processes by the launcher
 
 Every mode resumes from the same async checkpoints and gets the same deterministic faults.
@@ -52,6 +53,9 @@ def launch_cmd(args, mode: str, port: int) -> list[str]:
                 "--rdzv-endpoint", f"127.0.0.1:{port}", "--max-restarts", str(args.faults + 2), "--monitor-interval", "0.2",
                 "--heartbeat-timeout", str(args.hang_timeout), "--initial-heartbeat-timeout", "60",
                 "--restart-policy", policy]
+    if mode == "inprocess":  # torchrun would stop the survivors of a SIGKILL; this launcher lets them go on
+        return [sys.executable, "-m", "nvrx_lab.inprocess.spawn", "--nproc", str(args.ranks), "--master-port", str(port),
+                "--", sys.executable]
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.ranks), "--master-addr", "127.0.0.1",
             "--master-port", str(port)]
 

@@ -194,8 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ranks", type=int, nargs="+", default=[2], help="world sizes to run (e.g. 2 4)")
     ap.add_argument("--faults-per-kind", type=int, default=10, help="faults injected per kind and mode")
     ap.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
-    ap.add_argument("--modes", nargs="+", default=["nvrx_lab-inprocess", "nvrx-inprocess", "torchrun",
-                                                   "torchrun-noshare", "full-restart"])
+    modes = ["nvrx_lab-inprocess", "nvrx-inprocess", "torchrun", "torchrun-noshare", "full-restart"]
+    ap.add_argument("--modes", nargs="+", default=modes, choices=modes)
     ap.add_argument("--timeout", type=float, default=2.0, help="soft timeout (in-process) = gloo timeout (others), s")
     ap.add_argument("--steps", type=int, default=6, help="steps per attempt")
     ap.add_argument("--step-time", type=float, default=0.05, help="sleep per step (s)")
