@@ -147,10 +147,11 @@ def test_dead_store_host_and_frozen_rank_are_dropped_and_ranks_refilled(tmp_path
     assert rc == 0, out
     ev = tmp_path / "ev.jsonl"
     restarts = [r for r in read_events(ev, "restart") if r["rank"] == 1]
-    # The frozen rank is reported hung at its soft timeout and killed at its hard timeout; the restart is
-    # recorded under whichever report the survivors read first. Either way rank 2 is gone (world size 1 below).
+    # The frozen rank and the survivor stuck in its collective both report a hang at their soft timeout;
+    # the hard-timeout kill is reported before the death is announced, so the survivor, which can only
+    # meet without rank 2 once it is dead, always attributes the restart to it.
     causes = [(r["cause"], r["fault_rank"]) for r in restarts]
-    assert causes[0] == ("dead", 0) and causes[1] in {("hard_timeout", 2), ("hang", 2)} and len(causes) == 2, restarts
+    assert causes == [("dead", 0), ("hard_timeout", 2)], restarts
     assert restarts[0]["world_size"] == 2 and restarts[0]["new_rank"] == 1  # FillGaps: 1 keeps 1, 2 fills 0
     (done,) = read_events(ev, "done")
     assert done["rank"] == 1 and done["world_size"] == 1 and done["step"] == 12

@@ -205,9 +205,9 @@ class RestartLoop:
             for p in sorted(dead - set(deaths)):  # found by heartbeat: make it known to all
                 detail = f"no heartbeat for > {cfg.heartbeat_timeout} s (seen by rank {me} at rendezvous {n})"
                 t = time.time() - self.monitor.silent_for(p)  # its last sign of life
-                self.store.announce_death(p, "dead", detail, t)
                 if n > 0:
                     self.store.report_fault(n - 1, p, "dead", detail, t)
+                self.store.announce_death(p, "dead", detail, t)
             survivors = sorted(arrived - dead)
             assignment = cfg.rank_assignment(survivors, previous, self.ws)
             return self.store.decide_members(n, {"members": survivors,

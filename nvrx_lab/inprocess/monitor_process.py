@@ -161,8 +161,9 @@ def _run(rank, world_size, store_host, store_port, host_store, hard_timeout, int
 
 def _report_dead(client, rank: int, iteration: int, cause: str, detail: str) -> None:
     t = time.time()
-    client.announce_death(rank, cause, detail, t)
+    # the report first: a survivor that sees the death may attribute the restart at once
     client.report_fault(iteration, rank, cause, detail, t)
+    client.announce_death(rank, cause, detail, t)
 
 
 def _serve_until_idle(client, world_size: int, idle_exit: float) -> None:
