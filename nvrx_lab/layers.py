@@ -36,6 +36,7 @@ def check_flags(cfg: "TrainConfig") -> None:
         path = Path(cfg.ckpt_dir)
         if path.exists() and not path.is_dir():
             raise ValueError(f"--ckpt-dir {path} is a file; pass a folder (it is created if missing)")
+        check_ckpt_dir(path)
     if cfg.ckpt_write_bandwidth < 0:
         raise ValueError(f"--ckpt-write-bandwidth must be >= 0 bytes/s (0 = no cap), got {cfg.ckpt_write_bandwidth}")
     if not 0 < cfg.soft_timeout <= cfg.hard_timeout:
@@ -51,6 +52,21 @@ def check_flags(cfg: "TrainConfig") -> None:
                              "(no rank monitor found in the environment); use --restart none or inprocess under torchrun")
 
 
+def check_ckpt_dir(path: Path) -> None:
+    """Refuse a folder that holds something else than our checkpoints: saving into it would mix them
+    (a missing or empty folder starts a new run; one with committed steps resumes)."""
+    from nvrx_lab.checkpoint.commit import STEP_RE, TMP_RE, committed_steps
+
+    if not path.is_dir() or committed_steps(path):
+        return
+    ours = lambda name: (STEP_RE.match(name) or TMP_RE.match(name) or name.startswith(".trash_step_")  # noqa: E731
+                         or name == FAULTS_FIRED)
+    foreign = sorted(p.name for p in path.iterdir() if not ours(p.name))
+    if foreign:
+        raise ValueError(f"--ckpt-dir {path} is not a checkpoint folder: it holds {foreign[:5]} and no "
+                         "step_XXXXXXXX/ checkpoint; pass a new or empty folder, or one this trainer saved to")
+
+
 def make_checkpointer(cfg: "TrainConfig", ctx: "DistContext", events: EventLog):
     if cfg.ckpt == "none":
         return None
@@ -61,10 +77,13 @@ def make_checkpointer(cfg: "TrainConfig", ctx: "DistContext", events: EventLog):
                              process_group=ctx.cpu_group, emit=events.emit, start_writer=cfg.ckpt == "async")
 
 
+FAULTS_FIRED = "faults_fired.jsonl"
+
+
 def fault_state_file(cfg: "TrainConfig") -> Path | None:
     """Where fired faults are remembered across restarts: beside the checkpoints, else beside the metrics."""
     if cfg.ckpt_dir:
-        return Path(cfg.ckpt_dir) / "faults_fired.jsonl"
+        return Path(cfg.ckpt_dir) / FAULTS_FIRED
     if cfg.metrics:
         return Path(cfg.metrics).with_suffix(".faults.jsonl")
     return None
@@ -171,7 +190,8 @@ def run_inprocess(cfg: "TrainConfig", events: EventLog, injector, monitor) -> di
                 yield
 
         summary = train(cfg, ctx, events, persistent["ckpt"], monitor, before_step=(injector,) if injector else (),
-                        io_section=io_section, on_resume=lambda load_s: cw.record("reload_s", load_s), progress=cw.ping)
+                        io_section=io_section, on_resume=lambda load_s: cw.record("reload_s", load_s), progress=cw.ping,
+                        during=injector.during if injector else None)
         cw.ping()
         return summary
 

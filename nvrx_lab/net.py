@@ -1,4 +1,5 @@
-"""Small helpers for processes that meet over loopback: free ports and bounded waits."""
+"""Small helpers for processes that meet over loopback: free ports, bounded waits, and listening
+sockets bound to one address (a ``TCPStore`` server alone listens on every interface)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,22 @@ def free_port_pair(host: str = "127.0.0.1", tries: int = 50) -> int:
         except OSError:
             continue
     raise RuntimeError(f"no two consecutive free ports on {host} after {tries} tries")
+
+
+def listen(host: str, port: int = 0, backlog: int = 512) -> socket.socket:
+    """A listening TCP socket on the address ``host`` resolves to, never on every interface unless
+    ``host`` says so (``0.0.0.0``/``::``). Pass ``sock.detach()`` to ``TCPStore(master_listen_fd=...)``:
+    ``127.0.0.1`` keeps a single-node store off the network; a multi-node job names rank 0's address."""
+    family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(backlog)
+    except OSError as e:
+        sock.close()
+        raise OSError(e.errno, f"cannot listen on {host}:{port} ({addr[0]}): {e.strerror}") from None
+    return sock
 
 
 def wait_for(predicate: Callable[[], T], timeout: float, interval: float = 0.05, what: str = "condition") -> T:

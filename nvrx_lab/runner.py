@@ -22,6 +22,7 @@ class RunResult:
     returncode: int
     output: str
     wall_s: float
+    timed_out: bool = False
 
     def check(self) -> "RunResult":
         if self.returncode != 0:
@@ -29,23 +30,25 @@ class RunResult:
         return self
 
 
-def run(cmd: list[str], timeout: float = 300, env: dict | None = None) -> RunResult:
+def run(cmd: list[str], timeout: float = 300, env: dict | None = None, cwd: str | os.PathLike | None = None) -> RunResult:
     """Run ``cmd`` in a new session; on timeout the whole process group is killed and the result says so."""
     t0 = time.perf_counter()
+    timed_out = False
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+                            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}, cwd=cwd)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
         out += f"\n[nvrx_lab.runner] killed after {timeout} s"
+        timed_out = True
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)  # leftovers of the group (a hung rank, a writer)
         except ProcessLookupError:
             pass
-    return RunResult(cmd, proc.returncode, out, time.perf_counter() - t0)
+    return RunResult(cmd, proc.returncode, out, time.perf_counter() - t0, timed_out)
 
 
 def torchrun(nproc: int, *args: str, timeout: float = 300, env: dict | None = None, port: int | None = None) -> RunResult:

@@ -103,7 +103,8 @@ class TrainConfig:
     min_world_size: int = 1
     """In-process restart: fewest ranks to go on with after a rank is lost."""
     faults: str = ""
-    """Deterministic faults RANK:STEP:KIND,... (kinds: exception, hang, sigkill, oom); each fires once."""
+    """Deterministic faults RANK:STEP:KIND[:PHASE],... (kinds: exception, hang, sigkill, oom; phases: step, save,
+    load); each fires once."""
 
 
 def configure_threads(cfg: TrainConfig) -> None:
@@ -161,7 +162,8 @@ def check_config(cfg: TrainConfig, world_size: int) -> None:
 def train(cfg: TrainConfig, ctx: DistContext, events: EventLog, checkpointer=None, monitor=None,
           before_step: tuple[StepHook, ...] = (), after_step: tuple[StepHook, ...] = (),
           io_section: Callable[[str], contextlib.AbstractContextManager] | None = None,
-          on_resume: Callable[[float], None] | None = None, progress: Callable[[], None] | None = None) -> dict:
+          on_resume: Callable[[float], None] | None = None, progress: Callable[[], None] | None = None,
+          during: Callable[[str, int], None] | None = None) -> dict:
     """One training attempt on an initialised process group; returns a summary.
 
     ``checkpointer`` follows :class:`nvrx_lab.checkpoint.AsyncCheckpointer`'s API: the attempt resumes
@@ -170,9 +172,11 @@ def train(cfg: TrainConfig, ctx: DistContext, events: EventLog, checkpointer=Non
     checkpoint I/O (``checkpoint_load``, ``checkpoint``, ``checkpoint_finalize``). ``before_step`` and
     ``after_step`` are called with the step number; ``io_section(name)`` wraps checkpoint I/O (a restart
     must not cut it); ``on_resume(load_s)`` hears of a reload; ``progress()`` is called whenever the
-    attempt moves on (model built, state loaded, each step).
+    attempt moves on (model built, state loaded, each step). ``during(phase, step)`` is called inside
+    the checkpoint I/O (``"load"`` once read, ``"save"`` once handed over): fault injection's hook.
     """
     progress = progress or (lambda: None)
+    during = during or (lambda phase, step: None)
     check_config(cfg, ctx.world_size)
     model = build_model(cfg, ctx.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -185,6 +189,7 @@ def train(cfg: TrainConfig, ctx: DistContext, events: EventLog, checkpointer=Non
         with section("checkpoint_load"):
             sd = state.state_dict()
             checkpointer.load(sd, step=resume)
+            during("load", resume)
             state.load_state_dict(sd)
         load_s = time.perf_counter() - t0
         events.emit("resume", step=state.step, load_s=load_s, world_size=ctx.world_size)
@@ -223,6 +228,7 @@ def train(cfg: TrainConfig, ctx: DistContext, events: EventLog, checkpointer=Non
             if step % cfg.ckpt_interval == 0:
                 with section("checkpoint"):
                     (checkpointer.save if cfg.ckpt == "sync" else checkpointer.async_save)(state.state_dict(), step=step)
+                    during("save", step)
                 if monitor is not None:
                     monitor.after_save()
             try:
@@ -244,7 +250,8 @@ def run_plain(cfg: TrainConfig, events: EventLog, injector, monitor) -> dict:
     try:
         if monitor is not None:
             monitor.start()
-        return train(cfg, ctx, events, checkpointer, monitor, before_step=(injector,) if injector else ())
+        return train(cfg, ctx, events, checkpointer, monitor, before_step=(injector,) if injector else (),
+                     during=injector.during if injector else None)
     finally:
         if monitor is not None:  # first: shutting down the writer is no reason to be declared hung
             monitor.close()
@@ -267,10 +274,14 @@ def main(argv: list[str] | None = None) -> int:
     events.emit("start", world_size=world_size, restart_count=layers.launcher_restart_count(), pid=os.getpid())
     injector = layers.make_fault_injector(cfg, rank, events)
     monitor = layers.Monitor() if cfg.restart.startswith("launcher") else None
-    if cfg.restart.endswith("inprocess"):
-        summary = layers.run_inprocess(cfg, events, injector, monitor)
-    else:
-        summary = run_plain(cfg, events, injector, monitor)
+    try:
+        if cfg.restart.endswith("inprocess"):
+            summary = layers.run_inprocess(cfg, events, injector, monitor)
+        else:
+            summary = run_plain(cfg, events, injector, monitor)
+    except CheckpointError as e:  # e.g. another model's checkpoint: no restart mends it
+        print(f"[rank {rank}] error: {e}", file=sys.stderr, flush=True)
+        return 1
     events.emit("end", steps=summary["steps"])
     if rank == 0 and cfg.metrics:  # one line a job log collector (nvrx_lab.eks.submit) picks up
         print("GOODPUT " + json.dumps(analyze(read_events(cfg.metrics)).row()), flush=True)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from nvrx_lab.net import free_port_pair
+from nvrx_lab.reliability.trainer import curve_problem
+from nvrx_lab.runner import run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,31 +21,17 @@ def torchrun_cmd(nproc: int, port: int, *args: str) -> list[str]:
 
 
 def run_group(cmd: list[str], timeout: float, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """Run ``cmd`` in its own process group; on timeout kill the whole group and fail the test."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}, cwd=cwd or ROOT)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"timed out after {timeout} s: {' '.join(cmd)}\n{out[-4000:]}")
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, None)
+    """Run ``cmd`` in its own process group (:func:`nvrx_lab.runner.run`); a timeout fails the test."""
+    res = run(cmd, timeout, env, cwd=cwd or ROOT)
+    if res.timed_out:
+        pytest.fail(f"timed out after {timeout} s: {' '.join(cmd)}\n{res.output[-4000:]}")
+    return subprocess.CompletedProcess(cmd, res.returncode, res.output, None)
 
 
 def assert_one_curve(events: list[dict], steps: int) -> None:
     """Every step 1..steps ran, and a step redone after a restart gave bit for bit the same loss."""
-    by_step: dict[int, set[float]] = {}
-    for e in events:
-        if e["kind"] == "step":
-            by_step.setdefault(e["step"], set()).add(e["loss"])
-    assert sorted(by_step) == list(range(1, steps + 1))
-    assert all(len(v) == 1 for v in by_step.values()), f"a redone step gave another loss: {by_step}"
+    problem = curve_problem(events, steps)
+    assert problem is None, problem
 
 
 @pytest.fixture

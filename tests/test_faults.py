@@ -12,8 +12,9 @@ from nvrx_lab.faults import Fault, FaultInjector, InjectedFault, format_schedule
 
 
 def test_parse_round_trip():
-    faults = parse_schedule("1:5:exception, 0:9:hang,1:12:sigkill")
-    assert faults == [Fault(1, 5, "exception"), Fault(0, 9, "hang"), Fault(1, 12, "sigkill")]
+    faults = parse_schedule("1:5:exception, 0:9:hang,1:12:sigkill,0:10:exception:load")
+    assert faults == [Fault(1, 5, "exception"), Fault(0, 9, "hang"), Fault(1, 12, "sigkill"),
+                      Fault(0, 10, "exception", "load")]
     assert parse_schedule(format_schedule(faults)) == faults
     assert parse_schedule("") == []
 
@@ -22,6 +23,8 @@ def test_parse_round_trip():
     ("1:5", "expected RANK:STEP:KIND"),
     ("a:5:exception", "non-negative integers"),
     ("1:5:explode", "is not one of exception, hang, sigkill, oom"),
+    ("1:5:exception:later", "phase 'later' is not one of step, save, load"),
+    ("1:5:exception:load:x", "expected RANK:STEP:KIND"),
 ])
 def test_bad_entries_name_the_entry(spec, message):
     with pytest.raises(ValueError, match=message) as err:
@@ -65,3 +68,14 @@ def test_sigkill_takes_the_process(tmp_path):
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == -9 and "survived" not in res.stdout
     assert "0:1:sigkill" in (tmp_path / "f.jsonl").read_text()  # recorded before it acted
+
+
+def test_phases_fire_only_in_their_phase(tmp_path):
+    inject = FaultInjector(parse_schedule("0:5:exception:load,0:5:exception:save"), rank=0)
+    inject(5)  # the step phase of step 5: nothing scheduled
+    inject.during("load", 4)
+    with pytest.raises(InjectedFault):
+        inject.during("load", 5)
+    inject.during("load", 5)  # once only
+    with pytest.raises(InjectedFault):
+        inject.during("save", 5)

@@ -15,8 +15,9 @@ Layout of a checkpoint directory::
    then the manifest ``nvrx_commit.json`` (every file's size and CRC32), each fsynced and renamed
    into place, and finally renames the folder to ``step_XXXXXXXX`` and fsyncs ``D``. The folder
    rename is the atomic commit: a reader sees the whole checkpoint or none of it.
-3. Retention then deletes older committed folders (a :class:`KeepLast` policy) and temporary
-   folders of steps that are no longer in flight.
+3. Retention then deletes older committed folders (a :class:`KeepLast` policy; each is renamed to
+   ``.trash_*`` first, so a kill half-way never leaves a committed folder with files missing) and
+   temporary folders of steps that are no longer in flight.
 
 The markers travel through the checkpoint directory itself, so multi-node jobs need it on a shared
 filesystem (FSx for Lustre on EKS), as DCP does anyway.
@@ -29,6 +30,7 @@ import os
 import re
 import shutil
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -177,13 +179,24 @@ class KeepLast:
         return sorted(steps)[:-self.n]
 
 
+def discard(folder: Path) -> None:
+    """Delete a committed folder: first renamed out of the ``step_*`` namespace (atomic), so a kill during
+    the deletion leaves trash (swept by :func:`apply_retention`), never a "committed" step missing files."""
+    trash = folder.with_name(f".trash_{folder.name}_{os.getpid()}_{uuid.uuid4().hex[:6]}")
+    try:
+        os.rename(folder, trash)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(trash, ignore_errors=True)
+
+
 def apply_retention(root: Path, policy, in_flight: set[str]) -> list[int]:
     """Delete what ``policy`` drops (never the newest) and stale temporary folders; returns deleted steps."""
     root = Path(root)
     steps = committed_steps(root)
     doomed = [s for s in policy(steps) if steps and s != steps[-1]]
     for s in doomed:
-        shutil.rmtree(step_dir(root, s), ignore_errors=True)
+        discard(step_dir(root, s))
     newest = steps[-1] if steps else -1
     for p in root.iterdir():
         m = TMP_RE.match(p.name)

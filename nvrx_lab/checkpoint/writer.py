@@ -11,8 +11,11 @@ when the :class:`~nvrx_lab.checkpoint.AsyncCheckpointer` is created and talks to
 
 The writer maps the staging region (once per region), builds exact-size tensor views over it,
 writes with :func:`~.shards.write_shards` and drops its done (or error) marker for the commit.
-It exits when its parent is gone (checked every second while idle; a write in progress is finished
-first), and ignores
+Once mapped, the region's name is removed, so a trainer killed mid-write leaves nothing in
+``/dev/shm`` (one killed while staging, before the writer mapped the region, still does).
+It exits the moment its parent is gone, mid-write too (a thread waits on the parent's sentinel):
+only the trainer commits, so the rest of an orphaned write is of no use, and it would hold the
+staging memory and the storage bandwidth of the restarted job. It ignores
 ``SIGXFSZ`` so a file-size limit surfaces as ``EFBIG`` instead of killing it. If it dies anyway
 (SIGKILL, OOM), :meth:`WriterProcess.poll` reports ``("died", ...)`` and the checkpointer starts a
 new one at the next save.
@@ -24,6 +27,7 @@ import multiprocessing as mp
 import os
 import queue
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -39,6 +43,10 @@ def _serve(msg: dict, regions: dict) -> dict:
         for old in list(regions):
             regions.pop(old).close()
         regions[msg["region"]] = open_region(msg["region"])
+        try:  # the trainer unlinks it too once this save is collected: too late if it is killed before
+            os.unlink(msg["region"])
+        except OSError:  # gone already, or not ours to remove: the trainer's unlink stays the fallback
+            pass
     mm = regions[msg["region"]]
     data = {item.index: slot_view(mm, slot) for item, slot in zip(msg["tensor_items"], msg["slots"])}
     data.update(msg["byte_items"])
@@ -54,10 +62,18 @@ def _serve(msg: dict, regions: dict) -> dict:
     return {"bytes": sum(f["size"] for f in files.values()), "write_s": write_s}
 
 
+def _exit_with(parent) -> None:
+    """Watch thread: wait for the trainer's death, then exit at once, even in the middle of a write."""
+    parent.join()
+    os._exit(1)
+
+
 def _writer_main(requests, responses) -> None:
     if hasattr(signal, "SIGXFSZ"):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     parent = mp.parent_process()
+    if parent is not None:
+        threading.Thread(target=_exit_with, args=(parent,), daemon=True, name="nvrx-ckpt-parent-watch").start()
     regions: dict = {}
     responses.put(("ready", None, {"pid": os.getpid()}))
     while True:

@@ -11,7 +11,9 @@ One concept a file: :mod:`.wrap` (the decorator and its settings), :mod:`.loop` 
 loop), :mod:`.call_wrapper`, :mod:`.store`, :mod:`.monitor` (thread), :mod:`.monitor_process`
 (hard timeout, death notice, store host), :mod:`.interrupt`, and the policies :mod:`.abort`,
 :mod:`.health_check`, :mod:`.rank_assignment`; :mod:`.restart_log`; :mod:`.spawn` (a local
-launcher that lets survivors run). Introduced in ``notebooks/02_in_process_restart.ipynb``.
+launcher that lets survivors run); :mod:`.demo_worker` (a small wrapped training loop with
+scheduled faults: tests, reliability suite, notebook). Introduced in
+``notebooks/02_in_process_restart.ipynb``.
 """
 
 from .abort import Abort, AbortCallback, AbortTorchDistributed

@@ -19,6 +19,7 @@ What :class:`~.wrap.Wrapper` runs on every rank, top to bottom::
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import torch.distributed as dist
@@ -62,6 +63,7 @@ class RestartLoop:
         self.port = cfg.store_port or _env_int("MASTER_PORT") + 1
         self.emit = cfg.emit or (lambda kind, **fields: None)
         self.interrupter = MainThreadInterrupter()
+        self.excepthook = sys.excepthook
         self.sockets = SocketTracker()
         self.abort = cfg.bind_abort(self.sockets)
         try:
@@ -133,6 +135,9 @@ class RestartLoop:
     def _attempt(self, state: State, pending, args, kwargs):
         n, me = state.iteration, self.me
         self.progress.write(iteration=n)
+        # init_process_group wraps sys.excepthook (a rank prefix) and nothing unwraps it: without
+        # this, every restart adds a wrapper (one '[rankN]: ' more on every error line)
+        sys.excepthook = self.excepthook
         on_first = (lambda cw: self._emit(pending, cw)) if pending is not None else None
         cw = CallWrapper(state, self.pg_client, self.pg_client_fds, self.monitor, self.sockets, self.progress,
                          self.cfg.pg_timeout, on_first)

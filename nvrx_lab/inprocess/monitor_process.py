@@ -132,7 +132,7 @@ def _run(rank, world_size, store_host, store_port, host_store, hard_timeout, int
          idle_exit, progress: Progress, parent_pid: int) -> int:
     from . import store as st
 
-    server = st.host(store_port) if host_store else None
+    server = st.host(store_port, bind=store_host) if host_store else None
     client = st.RestartStore(st.connect(store_host, store_port))
     parent_gone = False
     next_beat = 0.0

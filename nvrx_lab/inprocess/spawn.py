@@ -7,7 +7,7 @@ without a dead rank. This launcher starts ``--nproc`` copies of a command with t
 environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``,
 ``MASTER_PORT``) and only waits::
 
-    python -m nvrx_lab.inprocess.spawn --nproc 2 -- python tests/workers/inprocess_worker.py --steps 20
+    python -m nvrx_lab.inprocess.spawn --nproc 2 -- python -m nvrx_lab.inprocess.demo_worker --steps 20
 
 Exit status: 0 when at least one rank exited 0 and none exited with an error code (ranks
 killed by a signal are reported, not counted as errors); otherwise the first error code.

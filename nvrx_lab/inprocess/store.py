@@ -28,6 +28,8 @@ from typing import Callable, Iterable
 
 import torch.distributed as dist
 
+from nvrx_lab.net import listen
+
 
 def connect(host: str, port: int, timeout: float = 60.0) -> dist.TCPStore:
     """A client of the wrapper's store (retries until the host is up or ``timeout``)."""
@@ -35,10 +37,12 @@ def connect(host: str, port: int, timeout: float = 60.0) -> dist.TCPStore:
                          wait_for_workers=False)
 
 
-def host(port: int, timeout: float = 60.0) -> dist.TCPStore:
-    """Start the store server on ``port`` (all interfaces, as ``TCPStore`` does)."""
-    return dist.TCPStore("0.0.0.0", port, is_master=True, timeout=timedelta(seconds=timeout),
-                         wait_for_workers=False)
+def host(port: int, bind: str = "127.0.0.1", timeout: float = 60.0) -> dist.TCPStore:
+    """Start the store server on ``bind:port``: the address the ranks connect to (``MASTER_ADDR``),
+    loopback on one node — never every interface, which ``TCPStore`` would listen on by itself."""
+    sock = listen(bind, port)
+    return dist.TCPStore(bind, port, is_master=True, timeout=timedelta(seconds=timeout),
+                         wait_for_workers=False, master_listen_fd=sock.detach())
 
 
 class RestartStore:

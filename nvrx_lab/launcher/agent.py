@@ -34,6 +34,7 @@ from nvrx_lab.launcher.monitor import MonitorServer
 from nvrx_lab.launcher.policy import RestartPolicy, any_failed
 from nvrx_lab.launcher.restart_log import Failure, RestartLog, describe_exit
 from nvrx_lab.launcher.standby import Zygote
+from nvrx_lab.net import listen
 
 log = logging.getLogger(__name__)
 _STORE_KEY = "nvrx_lab/worker_store"
@@ -62,9 +63,10 @@ class HeartbeatAgent(LocalElasticAgent):
         super()._rendezvous(worker_group)
         store = worker_group.store  # prefixed with this round's number by the c10d handler
         if worker_group.group_rank == 0:
+            sock = listen(worker_group.master_addr)  # that address only, not every interface
             old, self._round_store = self._round_store, TCPStore(
-                host_name=worker_group.master_addr, port=0, is_master=True, multi_tenant=True,
-                wait_for_workers=False)
+                host_name=worker_group.master_addr, port=sock.getsockname()[1], is_master=True,
+                wait_for_workers=False, master_listen_fd=sock.detach())
             del old  # closes the previous round's store (its workers are gone)
             store.set(_STORE_KEY, f"{worker_group.master_addr}:{self._round_store.port}")
         addr, port = store.get(_STORE_KEY).decode().rsplit(":", 1)

@@ -1,4 +1,10 @@
-"""A small training function under ``nvrx_lab.inprocess.Wrapper`` with a deterministic fault schedule.
+"""A small training function under :class:`~nvrx_lab.inprocess.Wrapper` with a deterministic fault schedule.
+
+Run by the tests, the reliability suite and notebook 02, always under a launcher that lets the
+survivors run::
+
+    python -m nvrx_lab.inprocess.spawn --nproc 2 -- python -m nvrx_lab.inprocess.demo_worker \
+        --steps 20 --faults 1:0:5:exception --events /tmp/ev.jsonl --ckpt-dir /tmp/ck
 
 Each step all-reduces a tensor over gloo and sleeps ``--step-time``; rank 0 saves the step
 counter every ``--ckpt-every`` steps (atomically, inside ``call_wrapper.atomic()``) and every
@@ -8,10 +14,8 @@ attempt reloads it. Events (``step``, ``fault``, ``restart``, ``resources``, ``d
 ``--faults`` is a comma list of ``rank:iteration:step:kind`` (``iteration`` may be ``*`` or
 ``a-b``); kinds: exception, hang (time.sleep), hang_socket (blocked recv), hang_native (signals
 blocked: only the hard timeout ends it), sigkill, sigkill_all (also kills the monitor process:
-peers must fall back to heartbeats).
-
-    python -m nvrx_lab.inprocess.spawn --nproc 2 -- python tests/workers/inprocess_worker.py \
-        --steps 20 --faults 1:0:5:exception --events /tmp/ev.jsonl --ckpt-dir /tmp/ck
+peers must fall back to heartbeats). ``--resources`` adds a ``resources`` event (threads, open
+fds, RSS) at the start of every attempt, for leak checks over many restarts.
 """
 
 from __future__ import annotations
@@ -85,7 +89,8 @@ def resources() -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(prog="python -m nvrx_lab.inprocess.demo_worker",
+                                 description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--step-time", type=float, default=0.02)
     ap.add_argument("--ckpt-every", type=int, default=5)

@@ -1,0 +1,130 @@
+"""Bad input, end to end: every entry point refuses it clearly, writes nothing and loses nothing
+=================================================================================================
+
+Each trial runs a real command line (the trainer, the launcher, the EKS renderer) or calls the
+checkpoint API on a prepared folder, then checks three things:
+
+* the exit code is non-zero (an API call raises);
+* the message names the flag, key, field or path, and what would be valid;
+* the working folder is byte for byte what it was: nothing half-written, nothing already saved lost.
+
+A folder that holds another model's checkpoint is the interesting one: the trainer must fail on the
+load, naming the checkpoint and the mismatching tensor, and must not save over it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+from nvrx_lab.reliability import Row, timed
+
+TRAIN = [sys.executable, "-m", "nvrx_lab.train", "--log-every", "0", "--global-batch", "4", "--seq-len", "32"]
+LAUNCH = [sys.executable, "-m", "nvrx_lab.launcher", "--nproc-per-node", "1"]
+RENDER = [sys.executable, "-m", "nvrx_lab.eks", "render"]
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every file and folder under ``root`` with its content hash: what "nothing changed" means."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = str(p.relative_to(root))
+        out[rel] = "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def prepare(work: Path) -> None:
+    """The folders the trials point at: another model's checkpoint, a foreign folder, a file, a YAML."""
+    work.mkdir(parents=True, exist_ok=True)
+    if not (work / "other_model").exists():
+        subprocess.run([*TRAIN, "--steps", "2", "--ckpt", "sync", "--ckpt-interval", "2", "--dim", "64",
+                        "--hidden-dim", "172", "--ckpt-dir", str(work / "other_model")],
+                       check=True, capture_output=True, timeout=300)
+    (work / "foreign").mkdir(exist_ok=True)
+    (work / "foreign" / "model.pt").write_bytes(b"someone else's weights")
+    (work / "a_file").write_text("not a folder")
+    (work / "typo.yaml").write_text("heartbeat_timout: 3\n")
+    (work / "list.yaml").write_text("- a\n")
+    (work / "empty").mkdir(exist_ok=True)
+
+
+def cases(work: Path) -> list[tuple[str, list[str], list[str]]]:
+    """(name, command, substrings the message must hold)."""
+    w = str(work)
+    return [
+        ("trainer: negative --steps", [*TRAIN, "--steps", "-1"], ["--steps must be >= 0"]),
+        ("trainer: --device tpu", [*TRAIN, "--device", "tpu"], ["--device", "choose from"]),
+        ("trainer: async without a folder", [*TRAIN, "--ckpt", "async"], ["--ckpt async needs --ckpt-dir"]),
+        ("trainer: --ckpt-interval 0", [*TRAIN, "--ckpt", "sync", "--ckpt-dir", f"{w}/new", "--ckpt-interval", "0"],
+         ["--ckpt-interval must be >= 1"]),
+        ("trainer: fault schedule", [*TRAIN, "--faults", "1:x:hang"], ["--faults entry '1:x:hang'", "integers"]),
+        ("trainer: fault phase", [*TRAIN, "--faults", "1:3:hang:later"], ["phase 'later'", "step, save, load"]),
+        ("trainer: soft > hard timeout", [*TRAIN, "--soft-timeout", "5", "--hard-timeout", "2"],
+         ["--soft-timeout (5.0) <= --hard-timeout (2.0)"]),
+        ("trainer: launcher mode without launcher", [*TRAIN, "--restart", "launcher"], ["python -m nvrx_lab.launcher"]),
+        ("ckpt dir: a file", [*TRAIN, "--ckpt", "sync", "--ckpt-dir", f"{w}/a_file"], ["--ckpt-dir", "a_file", "is a file"]),
+        ("ckpt dir: not a checkpoint", [*TRAIN, "--ckpt", "sync", "--ckpt-dir", f"{w}/foreign"],
+         ["not a checkpoint folder", "model.pt"]),
+        ("ckpt dir: another model's", [*TRAIN, "--steps", "4", "--ckpt", "sync", "--ckpt-dir", f"{w}/other_model"],
+         ["other_model/step_00000002", "Size mismatch", "model.embed.weight"]),
+        ("launcher: negative heartbeat timeout", [*LAUNCH, "--heartbeat-timeout", "-1", "x.py"],
+         ["--heartbeat-timeout"]),
+        ("launcher: missing YAML", [*LAUNCH, "--config", f"{w}/missing.yaml", "x.py"], ["missing.yaml", "cannot read"]),
+        ("launcher: YAML typo", [*LAUNCH, "--config", f"{w}/typo.yaml", "x.py"],
+         ["unknown key 'heartbeat_timout'", "valid keys: heartbeat_timeout"]),
+        ("launcher: YAML not a mapping", [*LAUNCH, "--config", f"{w}/list.yaml", "x.py"], ["expected a mapping"]),
+        ("JobSpec: 0 nodes", [*RENDER, "--out", f"{w}/manifests", "--nodes", "0"], ["JobSpec.nodes", ">= 1"]),
+        ("JobSpec: unknown instance", [*RENDER, "--out", f"{w}/manifests", "--instance-type", "p9.huge"],
+         ["JobSpec.instance_type", "p5.48xlarge"]),
+        ("JobSpec: empty image", [*RENDER, "--out", f"{w}/manifests", "--image", ""], ["JobSpec.image", "non-empty"]),
+    ]
+
+
+def api_cases(work: Path) -> list[tuple[str, callable, list[str]]]:
+    """Checkpoint API calls on bad folders: (name, call, substrings of the error)."""
+    import torch
+
+    from nvrx_lab.checkpoint import AsyncCheckpointer
+
+    def load(folder: str, state: dict | None = None):
+        return lambda: AsyncCheckpointer(work / folder, start_writer=False).load(state or {"w": torch.zeros(1)})
+
+    return [
+        ("load: missing folder", load("missing"), ["missing", "does not exist"]),
+        ("load: empty folder", load("empty"), ["empty", "nothing saved yet"]),
+        ("load: not a checkpoint", load("foreign"), ["not a checkpoint directory", "model.pt"]),
+        ("load: another model's", load("other_model", {"model": {"embed.weight": torch.zeros(3)}}),
+         ["other_model", "step_00000002"]),
+    ]
+
+
+def bad_input(work: Path, only: tuple[str, ...] = ()) -> Row:
+    """Every case, or those whose name starts with one of ``only`` (e.g. ``("ckpt dir", "load")``)."""
+    row = Row("bad input", "non-zero exit naming the field or path and what is valid; nothing written or lost")
+    picked = lambda name: not only or name.startswith(only)  # noqa: E731
+    with timed(row):
+        prepare(work)
+        for name, cmd, needles in filter(lambda c: picked(c[0]), cases(work)):
+            before = snapshot(work)
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=work)
+            text = res.stdout + res.stderr
+            missing = [n for n in needles if n not in text]
+            changed = sorted(set(snapshot(work).items()) ^ set(before.items()))
+            row.check(res.returncode != 0 and not missing and not changed,
+                      f"{name}: exit {res.returncode}, message lacks {missing}, changed {changed[:3]}: {text[-300:]}")
+        for name, call, needles in filter(lambda c: picked(c[0]), api_cases(work)):
+            before = snapshot(work)
+            try:
+                call()
+                text = "no error raised"
+            except Exception as e:  # noqa: BLE001 - the message is what is checked
+                text = f"{type(e).__name__}: {e}"
+            missing = [n for n in needles if n not in text]
+            changed = sorted(set(snapshot(work).items()) ^ set(before.items()))
+            row.check(not missing and not changed, f"{name}: message lacks {missing}, changed {changed[:3]}: {text[:300]}")
+    return row
+
+
+__all__ = ["bad_input", "cases", "snapshot"]

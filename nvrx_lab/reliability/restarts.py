@@ -1,0 +1,276 @@
+"""Restart cases: many restarts in a row, and a long phase that must not look like a hang
+=====================================================================================
+
+Three cases of the reliability suite (:mod:`nvrx_lab.reliability`), each a real job of 2 ranks
+over gloo, judged from its event stream and from the process table only:
+
+* :func:`inprocess_soak` — :mod:`nvrx_lab.inprocess.demo_worker` under the in-process
+  :class:`~nvrx_lab.inprocess.Wrapper`; rank 1 raises in every attempt, so the same two processes
+  restart ``restarts`` times until ``max_iterations`` stops them. Threads and open fds must stay
+  flat and RSS within +5 % (an early attempt after warm-up against the last), every restart must
+  be logged by both ranks.
+* :func:`launcher_soak` — ``python -m nvrx_lab.launcher`` running
+  :mod:`nvrx_lab.launcher.demo_worker`; rank 1 is SIGKILLed or hangs in every attempt (a seeded
+  shuffle of both kinds) for ``restarts`` attempts, then the job finishes. Every fault must be
+  followed by both ranks training in the next attempt, the job must exit 0.
+* :func:`long_section_no_false_hang` — a legitimate ``phase_s`` pause inside a section whose
+  timeout allows it: no restart, exit 0. Control: the same pause outside the section is a hang.
+
+No process may outlive a run. Each run gets a unique ``NVRX_LAB_RUN_ID`` in its environment,
+which every process it starts inherits (launcher, standby zygote and its forks, attach
+processes, workers, in-process monitor processes, a checkpoint writer); once the job has exited,
+whatever still carries it after a short grace is an orphan, counted and then killed.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+
+from nvrx_lab.events import read_events
+from nvrx_lab.net import free_port
+from nvrx_lab.reliability import Row, timed
+
+RUN_ENV = "NVRX_LAB_RUN_ID"
+"""Marks every process of one run (inherited through fork and exec)."""
+LINGER_S = 15.0
+"""How long processes of a finished run may take to exit before they count as orphans."""
+
+
+# -- running a job and looking for what it left behind ------------------------------------------
+def _marked(run_id: str) -> list[psutil.Process]:
+    """Live processes whose environment carries ``NVRX_LAB_RUN_ID=run_id`` (zombies excluded)."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and p.environ().get(RUN_ENV) == run_id:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def _orphans(run_id: str, grace: float = LINGER_S) -> tuple[list[str], float]:
+    """Wait up to ``grace`` s for the run's processes to exit; ``(survivors, seconds waited)``.
+    Survivors are described (pid and command line) and then SIGKILLed."""
+    t0 = time.monotonic()
+    while (left := _marked(run_id)) and time.monotonic() - t0 < grace:
+        time.sleep(0.1)
+    waited = time.monotonic() - t0
+    described = []
+    for p in left:
+        try:
+            described.append(f"pid {p.pid}: {' '.join(p.cmdline())[:160]}")
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    return described, waited
+
+
+def _run(cmd: list[str], work: Path, name: str, timeout: float) -> dict:
+    """Run ``cmd`` in its own session with a fresh run id; output goes to ``work/<name>.log``.
+    Returns ``rc`` (``None`` on timeout), ``log``, ``wall_s``, ``orphans``, ``linger_s``."""
+    run_id = uuid.uuid4().hex
+    env = {**os.environ, RUN_ENV: run_id, "LOGLEVEL": "WARNING"}
+    log_path = work / f"{name}.log"
+    t0 = time.monotonic()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=work,
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            rc = None
+            os.killpg(proc.pid, signal.SIGKILL)
+            for p in _marked(run_id):  # workers live in sessions of their own
+                p.kill()
+            proc.wait()
+    wall = time.monotonic() - t0
+    orphans, linger = _orphans(run_id) if rc is not None else ([], 0.0)
+    return {"rc": rc, "log": log_path.read_text(errors="replace"), "wall_s": wall,
+            "orphans": orphans, "linger_s": linger}
+
+
+def _median(xs: list[float]) -> float | None:
+    return round(statistics.median(xs), 3) if xs else None
+
+
+def _tail(text: str, n: int = 300) -> str:
+    return text[-n:].replace("\n", " | ")
+
+
+# -- in-process ---------------------------------------------------------------------------------
+def inprocess_soak(work: Path, restarts: int = 100) -> Row:
+    """``restarts`` in-process restarts of 2 ranks in the same processes; nothing may leak.
+
+    Trials: one per restart (both ranks logged it), one per rank and resource (threads, fds,
+    RSS), one for the ``max_iterations`` limit stopping the job, one for the error output not
+    growing with restarts (``[rank1]: `` once per line), one for no process left."""
+    if restarts < 2:
+        raise ValueError(f"inprocess_soak needs restarts >= 2, got {restarts}")
+    work = Path(work)
+    work.mkdir(parents=True, exist_ok=True)
+    ev = work / "events.jsonl"
+    ev.unlink(missing_ok=True)
+    row = Row(f"in-process: {restarts} restarts in the same processes",
+              "every restart logged by both ranks; threads and fds flat, RSS <= +5 % (attempt 5 vs last); "
+              "the limit stops the job; error lines not repeated per restart; no process left")
+    with timed(row):
+        limit = 60 + 1.5 * restarts
+        cmd = [sys.executable, "-m", "nvrx_lab.inprocess.spawn", "--nproc", "2", "--timeout", str(limit), "--",
+               sys.executable, "-m", "nvrx_lab.inprocess.demo_worker", "--steps", "3", "--step-time", "0",
+               "--faults", "1:*:1:exception", "--max-iterations", str(restarts + 1), "--resources",
+               "--events", str(ev)]
+        run = _run(cmd, work, "inprocess", timeout=limit + 10)
+        restart_ev = read_events(ev, "restart")
+        count = collections.Counter((e["rank"], e["iteration"]) for e in restart_ev)
+        for i in range(restarts):
+            row.check(count[0, i] == count[1, i] == 1,
+                      f"restart after attempt {i} logged {count[0, i]} time(s) by rank 0, {count[1, i]} by rank 1")
+        res = {(e["rank"], e["iteration"]): e for e in read_events(ev, "resources")}
+        early, last = min(5, restarts // 2), restarts
+        first_last = {}
+        for rank in (0, 1):
+            a, b = res.get((rank, early)), res.get((rank, last))
+            first_last[rank] = (a, b)
+            for key, ok in (("threads", lambda x, y: y == x), ("fds", lambda x, y: y == x),
+                            ("rss_mb", lambda x, y: y <= x * 1.05)):
+                row.check(a is not None and b is not None and ok(a[key], b[key]),
+                          f"rank {rank} {key}: attempt {early} {a and a[key]} -> attempt {last} {b and b[key]}")
+        stopped = (run["rc"] not in (None, 0) and f"gave up: max_iterations={restarts + 1} reached" in run["log"]
+                   and f"restarts ({restarts + 1}):" in run["log"])
+        row.check(stopped, f"expected the limit to stop the job; exit {run['rc']}: {_tail(run['log'])}")
+        stacked = [f"[rank{r}]: [rank{r}]:" for r in (0, 1) if f"[rank{r}]: [rank{r}]:" in run["log"]]
+        row.check(not stacked, f"torch's excepthook wrapped once per restart: {stacked} in the output")
+        row.check(not run["orphans"], f"processes left after {run['linger_s']:.0f} s: {run['orphans'][:3]}")
+        pairs = [fl for fl in first_last.values() if fl[0] and fl[1]]
+        total = lambda key, i: sum(fl[i][key] for fl in pairs) if len(pairs) == 2 else None  # noqa: E731
+        row.figures = {
+            "restarts_logged": sum(1 for i in range(restarts) if count[0, i] == count[1, i] == 1),
+            "threads_first": total("threads", 0), "threads_last": total("threads", 1),
+            "fds_first": total("fds", 0), "fds_last": total("fds", 1),
+            "rss_growth_pct": round(max((b["rss_mb"] / a["rss_mb"] - 1) * 100 for a, b in pairs), 2) if pairs else None,
+            "restart_median_s": _median([e["back_s"] for e in restart_ev if e.get("back_s") is not None]),
+            "orphans": len(run["orphans"]), "linger_s": round(run["linger_s"], 2), "job_s": round(run["wall_s"], 1),
+        }
+    return row
+
+
+# -- launcher -----------------------------------------------------------------------------------
+def _launcher_cmd(ev: Path, heartbeat_timeout: float, launcher_flags: list[str], worker_flags: list[str]) -> list[str]:
+    return [sys.executable, "-m", "nvrx_lab.launcher", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--monitor-interval", "0.1", "--shutdown-timeout", "2",
+            "--heartbeat-timeout", str(heartbeat_timeout), "--initial-heartbeat-timeout", "60",
+            "--metrics-file", str(ev), *launcher_flags,
+            "-m", "nvrx_lab.launcher.demo_worker", "--metrics", str(ev), *worker_flags]
+
+
+def fault_plan(restarts: int, seed: int = 0) -> list[str]:
+    """``restarts`` fault kinds, half ``kill`` and half ``hang``, in a seeded order."""
+    kinds = [("kill", "hang")[i % 2] for i in range(restarts)]
+    random.Random(seed).shuffle(kinds)
+    return kinds
+
+
+def launcher_soak(work: Path, restarts: int = 50, seed: int = 0, heartbeat_timeout: float = 2.0) -> Row:
+    """``restarts`` launcher restarts, SIGKILL and hang mixed, then a clean finish.
+
+    Trials: one per fault (injected in attempt ``r``, blamed on rank 1, both ranks training in
+    attempt ``r + 1``), one for the job finishing with exit 0, one for no process left."""
+    if restarts < 1:
+        raise ValueError(f"launcher_soak needs restarts >= 1, got {restarts}")
+    work = Path(work)
+    work.mkdir(parents=True, exist_ok=True)
+    ev = work / "events.jsonl"
+    ev.unlink(missing_ok=True)
+    kinds = fault_plan(restarts, seed)
+    row = Row(f"launcher: {restarts} restarts (SIGKILL and hang, seed {seed})",
+              "every fault followed by both ranks training in the next attempt; exit 0; no process left")
+    with timed(row):
+        plan = ",".join(f"{r}:{k}" for r, k in enumerate(kinds))
+        cmd = _launcher_cmd(ev, heartbeat_timeout, ["--max-restarts", str(restarts)],
+                            ["--steps", "4", "--step-time", "0.02", "--fault-rank", "1", "--fault-step", "2",
+                             "--fault-plan", plan, "--pg-timeout", "30"])
+        run = _run(cmd, work, "launcher", timeout=60 + restarts * (heartbeat_timeout + 10))
+        events = read_events(ev)
+        first_step: dict[tuple[int, int], float] = {}
+        for e in events:
+            if e["kind"] == "step":
+                first_step.setdefault((e["restart"], e["rank"]), e["t"])
+        faults = {e["restart"]: e for e in events if e["kind"] == "fault" and e["rank"] == 1}
+        blamed = {(e["restart_count"], e["reason"], e["signal"]) for e in events
+                  if e["kind"] == "launcher_failure" and e["rank"] == 1}
+        recovery: dict[str, list[float]] = {"kill": [], "hang": []}
+        for r, kind in enumerate(kinds):
+            f = faults.get(r)
+            back = [first_step.get((r + 1, rank)) for rank in (0, 1)]
+            want = (r + 1, "signal", "SIGKILL") if kind == "kill" else (r + 1, "hang", None)
+            ok = f is not None and f["fault"] == kind and None not in back and want in blamed
+            if row.check(ok, f"attempt {r} ({kind}): fault event {f is not None}, blamed {want in blamed}, "
+                             f"both ranks back {None not in back}"):
+                recovery[kind].append(max(back) - f["t"])
+        done = {e["rank"] for e in events if e["kind"] == "worker_done" and e["restart"] == restarts}
+        row.check(run["rc"] == 0 and done == {0, 1},
+                  f"exit {run['rc']}, ranks done in attempt {restarts}: {sorted(done)}: {_tail(run['log'])}")
+        row.check(not run["orphans"], f"processes left after {run['linger_s']:.0f} s: {run['orphans'][:3]}")
+        row.figures = {
+            "recovered": sum(len(v) for v in recovery.values()), "restarts": restarts,
+            "recovery_median_s_kill": _median(recovery["kill"]), "recovery_median_s_hang": _median(recovery["hang"]),
+            "orphans": len(run["orphans"]), "linger_s": round(run["linger_s"], 2), "job_s": round(run["wall_s"], 1),
+        }
+    return row
+
+
+def long_section_no_false_hang(work: Path, phase_s: float = 10, heartbeat_timeout: float = 3) -> Row:
+    """A ``phase_s`` pause inside a section (timeout ``2 * phase_s``) with a steady heartbeat
+    timeout of ``heartbeat_timeout``: no restart, exit 0. Control (the same pause outside any
+    section, no restarts allowed): detected as a hang during the pause, exit 1. Two trials."""
+    if not phase_s > heartbeat_timeout:
+        raise ValueError(f"phase_s ({phase_s}) must exceed heartbeat_timeout ({heartbeat_timeout}) "
+                         "or the control cannot tell a section from no section")
+    work = Path(work)
+    row = Row(f"launcher: {phase_s:g} s phase in a section, heartbeat timeout {heartbeat_timeout:g} s",
+              "inside the section: no restart, exit 0; control outside it: a hang; no process left")
+    with timed(row):
+        slow = ["--steps", "5", "--step-time", "0.05", "--fault", "slow", "--fault-step", "2",
+                "--slow-s", str(phase_s), "--pg-timeout", str(phase_s + 60)]
+        runs = {}
+        for name, launcher_flags, worker_flags in (
+                ("section", ["--section-timeouts", f"checkpoint={2 * phase_s:g}"], ["--section", "checkpoint"]),
+                ("control", [], [])):
+            (work / name).mkdir(parents=True, exist_ok=True)
+            ev = work / name / "events.jsonl"
+            ev.unlink(missing_ok=True)
+            cmd = _launcher_cmd(ev, heartbeat_timeout, ["--max-restarts", "0", *launcher_flags],
+                                [*slow, *worker_flags])
+            runs[name] = (_run(cmd, work / name, "launcher", timeout=phase_s + 90), read_events(ev))
+        run, events = runs["section"]
+        launcher_ev = [e["kind"] for e in events if e["kind"].startswith("launcher_")]
+        done = {e["rank"] for e in events if e["kind"] == "worker_done"}
+        row.check(run["rc"] == 0 and not launcher_ev and done == {0, 1} and not run["orphans"],
+                  f"inside the section: exit {run['rc']}, launcher events {launcher_ev}, ranks done {sorted(done)}, "
+                  f"orphans {run['orphans'][:3]}: {_tail(run['log'])}")
+        section_s = run["wall_s"]
+        run, events = runs["control"]
+        hangs = [e for e in events if e["kind"] == "launcher_failure" and e["reason"] == "hang"]
+        detect = min((e["detect_s"] for e in hangs if e["detect_s"] is not None), default=None)
+        row.check(run["rc"] == 1 and detect is not None and heartbeat_timeout <= detect < phase_s
+                  and not run["orphans"],
+                  f"control (no section): exit {run['rc']}, hang detected after {detect} s "
+                  f"(expected {heartbeat_timeout:g}..{phase_s:g} s), orphans {run['orphans'][:3]}: {_tail(run['log'])}")
+        row.figures = {"section_job_s": round(section_s, 1), "control_detect_s": detect and round(detect, 2),
+                       "control_job_s": round(run["wall_s"], 1)}
+    return row
+
+
+__all__ = ["inprocess_soak", "launcher_soak", "long_section_no_false_hang", "fault_plan"]

@@ -1,0 +1,176 @@
+"""The trainer under a fault during a save, during a load and during a restart
+==============================================================================
+
+Each trial runs the real trainer (``python -m nvrx_lab.train``, 2 gloo ranks, async checkpoints every
+3 steps) under a restart layer, with one fault placed inside the checkpoint or restart machinery:
+
+* **during a save** — ``1:6:sigkill:save`` under the launcher: rank 1 dies while its writer is still
+  writing step 6 (the write is capped at 8 MiB/s); under in-process restart, an exception at the same
+  moment (the persistent writer lives on). Step 6 may commit only if every rank's shard was complete.
+* **during a load** — a first fault at step 8, then rank 0 fails *while it reads* the checkpoint it
+  resumes from (step 6, or 3 when 6 has not committed yet): SIGKILL under the launcher, an exception
+  under in-process restart.
+* **during a restart** — a first fault (rank 1, step 8), then rank 0 is SIGKILLed from outside while the
+  job is restarting: under the launcher as soon as its replacement worker starts, under
+  launcher + in-process as soon as the first fault is reported (the in-process restart is under way).
+
+What must hold in every trial: the job exits 0; every step 1..N ran and a step redone after a restart
+gave bit for bit the same loss (a half-written or wrong checkpoint would change it); every resume
+loaded a step that had committed before it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from nvrx_lab.events import read_events
+from nvrx_lab.net import free_port_pair
+from nvrx_lab.reliability import Row, timed
+from nvrx_lab.runner import run
+
+STEPS = 12
+TRAIN = ["--ckpt", "async", "--ckpt-interval", "3", "--steps", str(STEPS), "--log-every", "0",
+         "--global-batch", "4", "--seq-len", "32"]
+SLOW_WRITES = ["--ckpt-write-bandwidth", str(8 << 20)]
+
+
+def curve_problem(events: list[dict], steps: int) -> str | None:
+    """Why the step events are not one loss curve over 1..steps (``None`` when they are)."""
+    by_step: dict[int, set[float]] = {}
+    for e in events:
+        if e["kind"] == "step":
+            by_step.setdefault(e["step"], set()).add(e["loss"])
+    if sorted(by_step) != list(range(1, steps + 1)):
+        missing = sorted(set(range(1, steps + 1)) - set(by_step))
+        return f"steps missing: {missing}"
+    redone = {s: sorted(v) for s, v in by_step.items() if len(v) > 1}
+    return f"a redone step gave another loss: {redone}" if redone else None
+
+
+def resume_problem(events: list[dict]) -> str | None:
+    """Why some resume loaded a step that had not committed before it (``None`` if none did)."""
+    committed: set[int] = set()
+    for e in sorted(events, key=lambda e: e["t"]):
+        if e["kind"] == "ckpt_commit":
+            committed.add(e["step"])
+        elif e["kind"] == "resume" and e["step"] not in committed:
+            return f"rank {e['rank']} resumed from step {e['step']}, committed before it: {sorted(committed)}"
+    return None
+
+
+def trainer_cmd(work: Path, restart: str, faults: str, *extra: str) -> list[str]:
+    """The trainer on 2 ranks: under ``nvrx_lab.launcher`` for the launcher modes, else under torchrun."""
+    port, metrics = free_port_pair(), work / "m.jsonl"
+    if restart.startswith("launcher"):
+        head = [sys.executable, "-m", "nvrx_lab.launcher", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", f"127.0.0.1:{port}", "--max-restarts", "3", "--heartbeat-timeout", "3",
+                "--initial-heartbeat-timeout", "60", "--monitor-interval", "0.2", "--metrics-file", str(metrics)]
+    else:
+        head = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+                "--master-port", str(port)]
+    inprocess = ["--soft-timeout", "3", "--hard-timeout", "30"] if restart.endswith("inprocess") else []
+    return [*head, "-m", "nvrx_lab.train", "--restart", restart, "--ckpt-dir", str(work / "ckpt"), "--faults", faults,
+            "--metrics", str(metrics), *TRAIN, *inprocess, *extra]
+
+
+def kill_when(metrics: Path, match, stop: threading.Event, timeout: float = 120) -> threading.Thread:
+    """SIGKILL the pid of the first event ``match(event, events)`` returns a pid for (a watcher thread)."""
+
+    def watch():
+        deadline = time.monotonic() + timeout
+        while not stop.is_set() and time.monotonic() < deadline:
+            events = read_events(metrics) if metrics.exists() else []
+            for e in events:
+                pid = match(e, events)
+                if pid:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                    return
+            time.sleep(0.005)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def check_run(row: Row, name: str, cmd: list[str], work: Path, expect_faults: int, expect_phase: str = "step",
+              killer=None, timeout: float = 240) -> None:
+    stop = threading.Event()
+    thread = killer(work / "m.jsonl", stop) if killer else None
+    res = run(cmd, timeout=timeout)
+    stop.set()
+    if thread is not None:
+        thread.join(5)
+    events = read_events(work / "m.jsonl") if (work / "m.jsonl").exists() else []
+    fired = [e for e in events if e["kind"] == "fault"]
+    why = (f"exit code {res.returncode}: {res.output[-600:]}" if res.returncode != 0 else
+           f"{len(fired)} faults fired, expected {expect_faults}" if len(fired) != expect_faults else
+           f"no fault fired in phase {expect_phase}" if expect_phase not in {e.get("phase") for e in fired} else
+           curve_problem(events, STEPS) or resume_problem(events))
+    row.check(why is None, f"{name}: {why}")
+    row.figures.setdefault("wall_s", {})[name] = round(res.wall_s, 1)
+
+
+def _trial_dir(work: Path, phase: str, mode: str) -> Path:
+    w = work / phase / mode.replace("+", "_")
+    w.mkdir(parents=True, exist_ok=True)
+    return w
+
+
+def fault_during_save(work: Path, modes: tuple[str, ...] = ("launcher", "inprocess")) -> Row:
+    row = Row("fault during a save", "job recovers; it resumes only from committed steps; one loss curve")
+    with timed(row):
+        for mode in modes:
+            kind = "sigkill" if mode == "launcher" else "exception"
+            w = _trial_dir(work, "save", mode)
+            check_run(row, f"{mode} {kind}", trainer_cmd(w, mode, f"1:6:{kind}:save", *SLOW_WRITES), w,
+                      expect_faults=1, expect_phase="save")
+    return row
+
+
+def fault_during_load(work: Path, modes: tuple[str, ...] = ("launcher", "inprocess")) -> Row:
+    row = Row("fault during a load", "job recovers from the load's failure; one loss curve")
+    with timed(row):
+        for mode in modes:
+            kind = "sigkill" if mode == "launcher" else "exception"
+            w = _trial_dir(work, "load", mode)
+            # the resume loads step 6, or step 3 if 6 has not committed yet: a fault waits in both loads
+            faults = f"1:8:{kind},0:3:{kind}:load,0:6:{kind}:load"
+            check_run(row, f"{mode} {kind}", trainer_cmd(w, mode, faults), w, expect_faults=2, expect_phase="load")
+    return row
+
+
+def _restarted_rank0(event: dict, events: list[dict]) -> int | None:
+    """The launcher's replacement rank 0 as soon as it starts."""
+    return event["pid"] if event["kind"] == "start" and event["rank"] == 0 and event["restart_count"] == 1 else None
+
+
+def _rank0_once_faulted(event: dict, events: list[dict]) -> int | None:
+    """Rank 0 of the first attempt, as soon as rank 1's fault is reported."""
+    if event["kind"] != "fault":
+        return None
+    starts = [e for e in events if e["kind"] == "start" and e["rank"] == 0]
+    return starts[0]["pid"] if starts else None
+
+
+def fault_during_restart(work: Path, modes: tuple[str, ...] = ("launcher", "launcher+inprocess")) -> Row:
+    row = Row("fault during a restart", "a second failure while restarting is recovered too; one loss curve")
+    with timed(row):
+        for mode in modes:
+            kind, match, victim = (("sigkill", _restarted_rank0, "replacement rank 0 killed") if mode == "launcher" else
+                                   ("exception", _rank0_once_faulted, "rank 0 killed mid-restart"))
+            w = _trial_dir(work, "restart", mode)
+            check_run(row, f"{mode}: {victim}", trainer_cmd(w, mode, f"1:8:{kind}"), w, expect_faults=1,
+                      killer=lambda metrics, stop: kill_when(metrics, match, stop))
+    return row
+
+
+__all__ = ["fault_during_save", "fault_during_load", "fault_during_restart", "curve_problem", "resume_problem"]
