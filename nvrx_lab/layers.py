@@ -55,14 +55,11 @@ def check_flags(cfg: "TrainConfig") -> None:
 def check_ckpt_dir(path: Path) -> None:
     """Refuse a folder that holds something else than our checkpoints: saving into it would mix them
     (a missing or empty folder starts a new run; one with committed steps resumes)."""
-    from nvrx_lab.checkpoint.commit import STEP_RE, TMP_RE, committed_steps
+    from nvrx_lab.checkpoint.commit import committed_steps, foreign_entries
 
     if not path.is_dir() or committed_steps(path):
         return
-    ours = lambda name: (STEP_RE.match(name) or TMP_RE.match(name) or name.startswith(".trash_step_")  # noqa: E731
-                         or name == FAULTS_FIRED)
-    foreign = sorted(p.name for p in path.iterdir() if not ours(p.name))
-    if foreign:
+    if foreign := [name for name in foreign_entries(path) if name != FAULTS_FIRED]:
         raise ValueError(f"--ckpt-dir {path} is not a checkpoint folder: it holds {foreign[:5]} and no "
                          "step_XXXXXXXX/ checkpoint; pass a new or empty folder, or one this trainer saved to")
 

@@ -41,6 +41,7 @@ from .integrity import FORMAT, MANIFEST, file_entry, safe_pickle_load
 
 STEP_RE = re.compile(r"^step_(\d{8,})$")
 TMP_RE = re.compile(r"^\.tmp_step_(\d{8,})_([0-9a-f]+)$")
+TRASH_PREFIX = ".trash_step_"
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -110,6 +111,12 @@ def wait_for_ranks(tmp: Path, world: int, timeout: float) -> tuple[dict[int, dic
         time.sleep(0.02)
 
 
+def foreign_entries(root: Path) -> list[str]:
+    """Names in ``root`` that no checkpointer wrote: not a committed step, a save in flight or trash."""
+    ours = lambda name: STEP_RE.match(name) or TMP_RE.match(name) or name.startswith(TRASH_PREFIX)  # noqa: E731
+    return sorted(p.name for p in Path(root).iterdir() if not ours(p.name))
+
+
 def describe_directory(root: Path) -> str:
     """Why ``root`` holds no loadable checkpoint, for an error message."""
     root = Path(root)
@@ -139,10 +146,7 @@ def commit(root: Path, step: int, tmp: Path, metadata, world: int) -> dict:
         for name in (f"__{r}.results.pkl", f"__{r}.done.json"):
             (tmp / name).unlink(missing_ok=True)
     final = step_dir(root, step)
-    trash = None
-    if final.exists():  # re-saving a step (e.g. after a fallback from a corrupt one): swap it out
-        trash = final.with_name(f".trash_{final.name}_{os.getpid()}")
-        os.rename(final, trash)
+    trash = to_trash(final)  # re-saving a step (e.g. after a fallback from a corrupt one): swap it out
     os.rename(tmp, final)
     fsync_dir(Path(root))
     if trash is not None:
@@ -179,15 +183,22 @@ class KeepLast:
         return sorted(steps)[:-self.n]
 
 
-def discard(folder: Path) -> None:
-    """Delete a committed folder: first renamed out of the ``step_*`` namespace (atomic), so a kill during
-    the deletion leaves trash (swept by :func:`apply_retention`), never a "committed" step missing files."""
+def to_trash(folder: Path) -> Path | None:
+    """Rename a committed folder out of the ``step_*`` namespace (atomic), so a kill while it is deleted
+    leaves trash (swept by :func:`apply_retention`), never a "committed" step missing files. Returns the
+    trash folder, or None if ``folder`` is not there."""
     trash = folder.with_name(f".trash_{folder.name}_{os.getpid()}_{uuid.uuid4().hex[:6]}")
     try:
         os.rename(folder, trash)
     except FileNotFoundError:
-        return
-    shutil.rmtree(trash, ignore_errors=True)
+        return None
+    return trash
+
+
+def discard(folder: Path) -> None:
+    """Delete a committed folder, through :func:`to_trash`."""
+    if (trash := to_trash(folder)) is not None:
+        shutil.rmtree(trash, ignore_errors=True)
 
 
 def apply_retention(root: Path, policy, in_flight: set[str]) -> list[int]:
@@ -202,7 +213,7 @@ def apply_retention(root: Path, policy, in_flight: set[str]) -> list[int]:
         m = TMP_RE.match(p.name)
         if m and p.name not in in_flight and int(m.group(1)) <= newest:
             shutil.rmtree(p, ignore_errors=True)
-        elif p.name.startswith(".trash_step_"):
+        elif p.name.startswith(TRASH_PREFIX):
             shutil.rmtree(p, ignore_errors=True)
     return doomed
 

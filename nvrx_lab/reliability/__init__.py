@@ -18,6 +18,7 @@ One module a family of cases:
 
 from __future__ import annotations
 
+import logging
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -58,6 +59,22 @@ class Row:
 
 
 @contextmanager
+def logger_at(name: str, level: int, handler: logging.Handler | None = None):
+    """Logger ``name`` at ``level`` (with ``handler`` attached) inside the block, as it was after."""
+    logger = logging.getLogger(name)
+    before = logger.level
+    logger.setLevel(level)
+    if handler is not None:
+        logger.addHandler(handler)
+    try:
+        yield logger
+    finally:
+        if handler is not None:
+            logger.removeHandler(handler)
+        logger.setLevel(before)
+
+
+@contextmanager
 def timed(row: Row):
     t0 = time.monotonic()
     try:
@@ -66,4 +83,4 @@ def timed(row: Row):
         row.seconds = time.monotonic() - t0
 
 
-__all__ = ["Row", "timed"]
+__all__ = ["Row", "logger_at", "timed"]

@@ -100,30 +100,41 @@ def api_cases(work: Path) -> list[tuple[str, callable, list[str]]]:
     ]
 
 
+def _command(cmd: list[str], work: Path):
+    """An attempt that runs ``cmd``: (refused, what it printed)."""
+    def attempt() -> tuple[bool, str]:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=work)
+        return res.returncode != 0, f"exit {res.returncode}: {res.stdout}{res.stderr}"
+    return attempt
+
+
+def _call(fn):
+    """An attempt that calls ``fn``: (refused, the error)."""
+    def attempt() -> tuple[bool, str]:
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - the message is what is checked
+            return True, f"{type(e).__name__}: {e}"
+        return False, "no error raised"
+    return attempt
+
+
 def bad_input(work: Path, only: tuple[str, ...] = ()) -> Row:
     """Every case, or those whose name starts with one of ``only`` (e.g. ``("ckpt dir", "load")``)."""
     row = Row("bad input", "non-zero exit naming the field or path and what is valid; nothing written or lost")
-    picked = lambda name: not only or name.startswith(only)  # noqa: E731
     with timed(row):
         prepare(work)
-        for name, cmd, needles in filter(lambda c: picked(c[0]), cases(work)):
+        attempts = ([(name, _command(cmd, work), needles) for name, cmd, needles in cases(work)]
+                    + [(name, _call(fn), needles) for name, fn, needles in api_cases(work)])
+        for name, attempt, needles in attempts:
+            if only and not name.startswith(only):
+                continue
             before = snapshot(work)
-            res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=work)
-            text = res.stdout + res.stderr
+            refused, text = attempt()
             missing = [n for n in needles if n not in text]
             changed = sorted(set(snapshot(work).items()) ^ set(before.items()))
-            row.check(res.returncode != 0 and not missing and not changed,
-                      f"{name}: exit {res.returncode}, message lacks {missing}, changed {changed[:3]}: {text[-300:]}")
-        for name, call, needles in filter(lambda c: picked(c[0]), api_cases(work)):
-            before = snapshot(work)
-            try:
-                call()
-                text = "no error raised"
-            except Exception as e:  # noqa: BLE001 - the message is what is checked
-                text = f"{type(e).__name__}: {e}"
-            missing = [n for n in needles if n not in text]
-            changed = sorted(set(snapshot(work).items()) ^ set(before.items()))
-            row.check(not missing and not changed, f"{name}: message lacks {missing}, changed {changed[:3]}: {text[:300]}")
+            row.check(refused and not missing and not changed,
+                      f"{name}: refused {refused}, message lacks {missing}, changed {changed[:3]}: {text[-300:]}")
     return row
 
 

@@ -50,7 +50,7 @@ from pathlib import Path
 
 from nvrx_lab.checkpoint import (AsyncCheckpointer, CheckpointCorruptError, CheckpointWriteError, committed_steps,
                                  step_dir)
-from nvrx_lab.reliability import Row, timed
+from nvrx_lab.reliability import Row, logger_at, timed
 from nvrx_lab.reliability.checkpoint_child import blank, fresh, holds_step, state_at, stray
 from nvrx_lab.reliability.checkpoint_crash import sigkill_trainer_mid_save, sigkill_writer_mid_save
 
@@ -91,16 +91,10 @@ def _corrupt_once(folder: Path, file: str, damage, reason: str, mib: float) -> l
             ckpt.save(state_at(step, mib), step=step)
     bad, problems = step_dir(folder, 2) / file, []
     damage(bad)
-    logger, records = logging.getLogger("nvrx_lab"), _Records()  # the checkpointer logs as nvrx_lab.checkpoint.*
-    level = logger.level
-    logger.addHandler(records)
-    logger.setLevel(logging.WARNING)
-    try:
+    records = _Records()
+    with logger_at("nvrx_lab", logging.WARNING, records):  # the checkpointer logs as nvrx_lab.checkpoint.*
         ckpt = AsyncCheckpointer(folder, start_writer=False)  # what a restarted trainer sees
         latest = ckpt.latest_step()
-    finally:
-        logger.removeHandler(records)
-        logger.setLevel(level)
     if latest != 1:
         problems.append(f"latest_step() is {latest}, expected the fallback to 1")
     if not any("step 2 skipped" in line and str(bad) in line and reason in line for line in records.lines):

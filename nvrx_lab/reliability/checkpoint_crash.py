@@ -27,7 +27,6 @@ inside its capped write (0 to 0.7 of its shortest duration after ``async_save`` 
 from __future__ import annotations
 
 import collections
-import contextlib
 import logging
 import os
 import queue
@@ -42,7 +41,7 @@ from pathlib import Path
 from nvrx_lab.checkpoint import (AsyncCheckpointer, CheckpointError, CheckpointWriterDied, committed_steps, step_dir,
                                  verify)
 from nvrx_lab.checkpoint.staging import shm_dir
-from nvrx_lab.reliability import Row, timed
+from nvrx_lab.reliability import Row, logger_at, timed
 from nvrx_lab.reliability.checkpoint_child import blank, fresh, holds_step, state_at, stray
 
 MIB = 1 << 20
@@ -269,24 +268,14 @@ def _kill_writer_once(ckpt: AsyncCheckpointer, good: int, delay: float, bandwidt
     return problems
 
 
-@contextlib.contextmanager
-def _expected_failures():
-    """Every trial's save fails on purpose (and is checked): keep the checkpointer's error log quiet."""
-    logger = logging.getLogger("nvrx_lab.checkpoint.checkpointer")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-
 def sigkill_writer_mid_save(work: Path, trials: int = 100, seed: int = 0, mib: float = 2.0) -> Row:
     """SIGKILL ``ckpt.writer_pid`` at a random moment of its write, ``trials`` times in one checkpointer."""
     row = Row("sigkill writer mid-save", "finalize raises CheckpointWriterDied naming the step; the previous "
               "step stays latest and loads; the next save (fresh writer) commits; no temp folder left")
     rng, write_s = random.Random(seed), 0.6
-    with timed(row), _expected_failures(), AsyncCheckpointer(fresh(Path(work) / "ckpt"), keep_last=2) as ckpt:
+    # every trial's save fails on purpose (and is checked): keep the checkpointer's error log quiet
+    quiet = logger_at("nvrx_lab.checkpoint.checkpointer", logging.CRITICAL)
+    with timed(row), quiet, AsyncCheckpointer(fresh(Path(work) / "ckpt"), keep_last=2) as ckpt:
         ckpt.async_save(state_at(0, mib), step=0)
         ckpt.finalize_async_save(blocking=True)
         for trial in range(trials):

@@ -101,6 +101,14 @@ def _run(cmd: list[str], work: Path, name: str, timeout: float) -> dict:
             "orphans": orphans, "linger_s": linger}
 
 
+def _fresh_events(folder: Path) -> Path:
+    """``folder/events.jsonl``, the folder created and the file gone: a run's events only."""
+    folder.mkdir(parents=True, exist_ok=True)
+    ev = folder / "events.jsonl"
+    ev.unlink(missing_ok=True)
+    return ev
+
+
 def _median(xs: list[float]) -> float | None:
     return round(statistics.median(xs), 3) if xs else None
 
@@ -119,9 +127,7 @@ def inprocess_soak(work: Path, restarts: int = 100) -> Row:
     if restarts < 2:
         raise ValueError(f"inprocess_soak needs restarts >= 2, got {restarts}")
     work = Path(work)
-    work.mkdir(parents=True, exist_ok=True)
-    ev = work / "events.jsonl"
-    ev.unlink(missing_ok=True)
+    ev = _fresh_events(work)
     row = Row(f"in-process: {restarts} restarts in the same processes",
               "every restart logged by both ranks; threads and fds flat, RSS <= +5 % (attempt 5 vs last); "
               "the limit stops the job; error lines not repeated per restart; no process left")
@@ -190,9 +196,7 @@ def launcher_soak(work: Path, restarts: int = 50, seed: int = 0, heartbeat_timeo
     if restarts < 1:
         raise ValueError(f"launcher_soak needs restarts >= 1, got {restarts}")
     work = Path(work)
-    work.mkdir(parents=True, exist_ok=True)
-    ev = work / "events.jsonl"
-    ev.unlink(missing_ok=True)
+    ev = _fresh_events(work)
     kinds = fault_plan(restarts, seed)
     row = Row(f"launcher: {restarts} restarts (SIGKILL and hang, seed {seed})",
               "every fault followed by both ranks training in the next attempt; exit 0; no process left")
@@ -248,9 +252,7 @@ def long_section_no_false_hang(work: Path, phase_s: float = 10, heartbeat_timeou
         for name, launcher_flags, worker_flags in (
                 ("section", ["--section-timeouts", f"checkpoint={2 * phase_s:g}"], ["--section", "checkpoint"]),
                 ("control", [], [])):
-            (work / name).mkdir(parents=True, exist_ok=True)
-            ev = work / name / "events.jsonl"
-            ev.unlink(missing_ok=True)
+            ev = _fresh_events(work / name)
             cmd = _launcher_cmd(ev, heartbeat_timeout, ["--max-restarts", "0", *launcher_flags],
                                 [*slow, *worker_flags])
             runs[name] = (_run(cmd, work / name, "launcher", timeout=phase_s + 90), read_events(ev))

@@ -125,27 +125,27 @@ def _trial_dir(work: Path, phase: str, mode: str) -> Path:
     return w
 
 
-def fault_during_save(work: Path, modes: tuple[str, ...] = ("launcher", "inprocess")) -> Row:
-    row = Row("fault during a save", "job recovers; it resumes only from committed steps; one loss curve")
+def _fault_in_phase(row: Row, work: Path, modes: tuple[str, ...], phase: str, schedule, expect_faults: int,
+                    *extra: str) -> Row:
+    """One trial per mode with the faults ``schedule(kind)``: SIGKILL under the launcher, else an exception."""
     with timed(row):
         for mode in modes:
             kind = "sigkill" if mode == "launcher" else "exception"
-            w = _trial_dir(work, "save", mode)
-            check_run(row, f"{mode} {kind}", trainer_cmd(w, mode, f"1:6:{kind}:save", *SLOW_WRITES), w,
-                      expect_faults=1, expect_phase="save")
+            w = _trial_dir(work, phase, mode)
+            check_run(row, f"{mode} {kind}", trainer_cmd(w, mode, schedule(kind), *extra), w,
+                      expect_faults=expect_faults, expect_phase=phase)
     return row
+
+
+def fault_during_save(work: Path, modes: tuple[str, ...] = ("launcher", "inprocess")) -> Row:
+    row = Row("fault during a save", "job recovers; it resumes only from committed steps; one loss curve")
+    return _fault_in_phase(row, work, modes, "save", lambda kind: f"1:6:{kind}:save", 1, *SLOW_WRITES)
 
 
 def fault_during_load(work: Path, modes: tuple[str, ...] = ("launcher", "inprocess")) -> Row:
     row = Row("fault during a load", "job recovers from the load's failure; one loss curve")
-    with timed(row):
-        for mode in modes:
-            kind = "sigkill" if mode == "launcher" else "exception"
-            w = _trial_dir(work, "load", mode)
-            # the resume loads step 6, or step 3 if 6 has not committed yet: a fault waits in both loads
-            faults = f"1:8:{kind},0:3:{kind}:load,0:6:{kind}:load"
-            check_run(row, f"{mode} {kind}", trainer_cmd(w, mode, faults), w, expect_faults=2, expect_phase="load")
-    return row
+    # the resume loads step 6, or step 3 if 6 has not committed yet: a fault waits in both loads
+    return _fault_in_phase(row, work, modes, "load", lambda kind: f"1:8:{kind},0:3:{kind}:load,0:6:{kind}:load", 2)
 
 
 def _restarted_rank0(event: dict, events: list[dict]) -> int | None:
