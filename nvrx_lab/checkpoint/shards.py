@@ -13,7 +13,6 @@ step and the file.
 from __future__ import annotations
 
 import io
-import os
 import pickle
 import time
 from contextlib import contextmanager
@@ -72,11 +71,7 @@ def write_shards(tmp: Path, rank: int, plan, data: dict, bandwidth: float | None
         writer.fs = fs
         writer.set_up_storage_writer(False, rank=rank)
         results = writer.write_data(plan, _Resolver(data)).value()
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        # the folder's entries are fsynced by commit.write_rank_done, before the done marker exists
     except Exception as exc:
         e = fs.stream.error if fs.stream is not None and fs.stream.error is not None else exc
         if not isinstance(e, OSError):

@@ -141,8 +141,10 @@ class WriterProcess:
             return None
         deadline = time.monotonic() + timeout
         while True:
-            try:
-                kind, step, info = self.responses.get(timeout=min(0.05, max(0.0, deadline - time.monotonic())) or 0.001)
+            left = deadline - time.monotonic()
+            try:  # a non-blocking poll (once a training step) must not wait at all
+                got = self.responses.get(timeout=min(0.05, left)) if left > 0 else self.responses.get_nowait()
+                kind, step, info = got
             except queue.Empty:
                 if not self.alive():
                     try:  # a response may have landed just before the exit
