@@ -1,33 +1,52 @@
 # The two commands (see README.md): `make workbook` and `make test`. Both set themselves up.
-PYTHON ?= python3
-VENV   ?= .venv
-PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
-SMOKE  ?= 1
-NBVAL  := --nbval-lax --nbval-current-env --nbval-cell-timeout=300 -p no:cacheprovider
+PYTHON    ?= python3
+VENV      ?= .venv
+PY        := $(VENV)/bin/python
+STAMP     := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+SMOKE     ?= 1
+NOTEBOOKS ?= $(sort $(wildcard notebooks/*.ipynb))
+BUILD     ?= build
+NBVAL     := --nbval-lax --nbval-current-env --nbval-cell-timeout=300 -p no:cacheprovider
 
 .PHONY: setup workbook test lab clean
 
 setup: $(STAMP)
 
+# One line per step, and pip says what it downloads and installs (torch is the big one).
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), f"Python 3.11+ needed, {sys.executable} is {sys.version.split()[0]}"'
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	@if test -x $(PY); then echo "[setup 1/4] $(VENV) exists: reusing it"; \
+	 else echo "[setup 1/4] creating $(VENV) with $(PYTHON)"; $(PYTHON) -m venv $(VENV); fi
+	@echo "[setup 2/4] upgrading pip"
+	$(PY) -m pip install --upgrade pip
+	@echo "[setup 3/4] installing nvrx_lab and its dependencies from pyproject.toml (about 1.5 min on a fresh machine)"
+	$(PY) -m pip install -e '.[test]'
+	@echo "[setup 4/4] registering the Jupyter kernel python3 in $(VENV)"
 	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (nvrx_lab)" >/dev/null
 	@rm -f $(VENV)/.installed-* && touch $@
+	@echo "[setup] done: $(VENV) is ready"
 
-# Execute every notebook in its small CPU configuration into build/, then write the report.
+# Execute every notebook of NOTEBOOKS in its small CPU configuration into $(BUILD)/notebooks/, then
+# write the report. A failing notebook does not stop the others: all run, the failures are named at
+# the end (their partial output is in $(BUILD)/notebooks/), and the exit status is non-zero.
 workbook: $(STAMP)
-	@mkdir -p build/notebooks
-	@set -e; for nb in notebooks/*.ipynb; do \
+	@mkdir -p $(BUILD)/notebooks
+	@failed=""; \
+	for nb in $(NOTEBOOKS); do \
 		echo "== $$nb"; \
-		NVRX_LAB_SMOKE=$(SMOKE) $(VENV)/bin/papermill --cwd notebooks -k python3 --log-level WARNING "$$nb" "build/$$nb"; \
-	done
-	$(PY) -m nvrx_lab.report --build build
-	@echo "executed notebooks: $(CURDIR)/build/notebooks/"
-	@echo "report:             $(CURDIR)/build/report.md (and report.html)"
+		NVRX_LAB_SMOKE=$(SMOKE) $(VENV)/bin/papermill --cwd "$$(dirname "$$nb")" -k python3 --log-level WARNING \
+			"$$nb" "$(BUILD)/notebooks/$$(basename "$$nb")" || { echo "!! $$nb failed"; failed="$$failed $$nb"; }; \
+	done; \
+	report=ok; $(PY) -m nvrx_lab.report --build $(BUILD) || report=failed; \
+	echo "executed notebooks: $(abspath $(BUILD))/notebooks/"; \
+	echo "report:             $(abspath $(BUILD))/report.md (and report.html)"; \
+	if [ -n "$$failed" ]; then \
+		echo "FAILED (each executed up to its error in $(abspath $(BUILD))/notebooks/):"; \
+		for nb in $$failed; do echo "  $$nb"; done; \
+	fi; \
+	if [ "$$report" = failed ]; then echo "FAILED: the report (python -m nvrx_lab.report --build $(BUILD))"; fi; \
+	if [ -n "$$failed" ] || [ "$$report" = failed ]; then exit 1; fi; \
+	echo "every notebook ran"
 
 # The whole suite: unit and multi-process tests, then every notebook under nbval.
 test: $(STAMP)
@@ -37,4 +56,4 @@ lab: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks/
 
 clean:
-	rm -rf build .pytest_cache
+	rm -rf $(BUILD) .pytest_cache

@@ -30,7 +30,9 @@ def draw_architecture(ranks: int = 2):
     ax.axis("off")
     _box(ax, 0.2, 4.9, 10.6, 1.5, "launcher process (python -m nvrx_lab.launcher) — layer 3", COLORS["launcher"], 9, "bold")
     _box(ax, 0.5, 5.0, 2.6, 0.9, "torchelastic agent:\nc10d rendezvous, restarts", COLORS["thread"])
-    _box(ax, 3.4, 5.0, 3.2, 0.9, "rank monitors (one per local rank):\nheartbeat + section timeouts", COLORS["thread"])
+    mon_x, mon_w = 3.4, 3.2 / ranks  # one rank monitor per local rank, each taking only its own rank's heartbeats
+    for r in range(ranks):
+        _box(ax, mon_x + r * mon_w + 0.04, 5.0, mon_w - 0.08, 0.9, f"rank {r} monitor:\nheartbeats,\nsections", COLORS["thread"], 7)
     _box(ax, 6.9, 5.0, 3.6, 0.9, "warm standby interpreters\n(torch imported, waiting to exec)", COLORS["thread"])
     width = 10.6 / ranks
     for r in range(ranks):
@@ -41,8 +43,9 @@ def draw_architecture(ranks: int = 2):
         _box(ax, x0 + 0.2, 0.2, width - 0.4, 1.1, "checkpoint writer process (layer 1):\npersistent, reads staged shared\nmemory, writes DCP shards", COLORS["writer"])
         _arrow(ax, (x0 + 0.6, 3.35), (x0 + 0.6, 1.3), "async_save: stage in shared memory → queue", "#2a7a2a",
                at=(x0 + 0.7, 1.38))
-        _arrow(ax, (x0 + width / 2 + 0.6, 4.2), (x0 + width / 2 + 0.6, 5.0), "heartbeats", "#a0522d",
-               at=(x0 + width / 2 + 0.7, 4.62))
+        monitor_x = mon_x + (r + 0.5) * mon_w  # this rank's monitor, straight above where the main thread allows
+        beat_x = min(max(monitor_x, x0 + 0.5), x0 + width - 0.5)
+        _arrow(ax, (beat_x, 4.2), (monitor_x, 5.0), "heartbeats", "#a0522d", at=(beat_x + 0.1, 4.62))
         store_x = 5.5 + (-0.6 if r == 0 else 0.6)
         _arrow(ax, (x0 + width / 2, 2.45), (store_x, 2.3), "", "#7b3f99", style="<|-|>")
     _box(ax, 4.3, 1.75, 2.4, 0.55, "wrapper TCPStore (MASTER_PORT+1):\nfaults, heartbeats, rendezvous", COLORS["store"], 7)

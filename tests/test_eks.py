@@ -35,7 +35,7 @@ def container_of(ms):
 
 
 def script_of(ms) -> str:
-    return container_of(ms)["command"][2]
+    return container_of(ms)["args"][2]
 
 
 def env_of(ms) -> dict:
@@ -80,7 +80,10 @@ def test_validate_reports_every_violation_with_its_path():
 
 
 @pytest.mark.parametrize("kw, field, allowed", [
-    (dict(name="Llama_FT"), "name", "DNS-1123"),
+    (dict(name="Llama_FT"), "name", "DNS-1035"),
+    (dict(name="1llama"), "name", "starting with a letter"),
+    (dict(namespace="My_NS"), "namespace", "lower-case letters, digits and '-', starting and ending with a letter or "
+                                           "digit, at most 63"),
     (dict(name="x" * 62, nodes=128), "name", "63"),
     (dict(nodes=0), "nodes", ">= 1"),
     (dict(gpus_per_node=9), "gpus_per_node", "1..8"),
@@ -93,6 +96,11 @@ def test_validate_reports_every_violation_with_its_path():
     (dict(global_batch=3), "global_batch", "multiple of the world size"),
     (dict(ckpt="fast"), "ckpt", "async"),
     (dict(faults="rank1-step5"), "faults", "RANK:STEP:KIND"),
+    (dict(faults="1:5:exception:later"), "faults", "phase 'later'"),
+    (dict(faults="16:5:exception"), "faults", "ranks 0..15 (world size 16 = 2 nodes x 8 GPUs)"),
+    (dict(nodes=4, gpus_per_node=2, faults="1:5:hang,8:6:sigkill"), "faults", "ranks 0..7"),
+    (dict(faults="1:1001:exception"), "faults", "steps 1..1000"),
+    (dict(steps=50, faults="0:0:exception"), "faults", "steps 1..50"),
     (dict(env={"HF_TOKEN": "hf_abc"}), "env", "secret_env"),
     (dict(train_extra=("--steps", "5")), "train_extra", "--steps"),
     (dict(mount_path="/dev/fsx"), "mount_path", "absolute path"),
@@ -157,8 +165,8 @@ def test_per_mode_commands_and_restart_policies():
         assert "exec python -m torch.distributed.run" in scripts[m] and "--max-restarts=0" in scripts[m]
         assert job_of(ms[m])["spec"]["backoffLimit"] == 20 and not find(ms[m], "ConfigMap")
     for m in ("ft_launcher", "ft_launcher+inprocess"):
-        assert "exec python -m nvrx_lab.launcher" in scripts[m] and "--max-restarts=5" in scripts[m]
-        assert job_of(ms[m])["spec"]["backoffLimit"] == 3
+        assert "exec python -m nvrx_lab.launcher" in scripts[m] and "--max-restarts=10" in scripts[m]
+        assert job_of(ms[m])["spec"]["backoffLimit"] == 6  # 3 whole-group failures of 2 pods
         cfg = yaml.safe_load(find(ms[m], "ConfigMap")[0]["data"]["launcher.yaml"])
         assert cfg["heartbeat_timeout"] == 300 and cfg["section_timeouts"] == "checkpoint=600"
         mounts = {v["mountPath"] for v in container_of(ms[m])["volumeMounts"]}
@@ -170,6 +178,7 @@ def test_per_mode_commands_and_restart_policies():
     for m, x in ms.items():
         env = env_of(x)
         assert env["FI_PROVIDER"]["value"] == "efa" and env["FI_EFA_FORK_SAFE"]["value"] == "1"
+        assert env["NCCL_NET"]["value"] == "AWS Libfabric"
         assert env["FI_EFA_USE_DEVICE_RDMA"]["value"] == "1"
         inproc = MODES[m].inprocess
         assert ("NCCL_NVLS_ENABLE" in env) == inproc and ("TORCH_NCCL_RETHROW_CUDA_ERRORS" in env) == inproc
@@ -179,7 +188,7 @@ def test_per_mode_commands_and_restart_policies():
     g5 = env_of(render(spec(instance_type="g5.48xlarge", mode="baseline")))
     assert "FI_EFA_USE_DEVICE_RDMA" not in g5 and g5["FI_PROVIDER"]["value"] == "efa"  # g5 has EFA without RDMA
     g6 = env_of(render(spec(instance_type="g6.xlarge", mode="baseline")))
-    assert "FI_PROVIDER" not in g6  # no EFA at all
+    assert "FI_PROVIDER" not in g6 and "NCCL_NET" not in g6  # no EFA at all: NCCL's own sockets
 
 
 def test_every_launcher_and_trainer_flag_carries_a_comment():

@@ -39,7 +39,7 @@ def test_plan_maps_dns_ports_gpus_and_paths_and_drops_host_secrets(tmp_path, mon
 
 
 def _with_command(manifests, script: str):
-    find(manifests, "Job")[0]["spec"]["template"]["spec"]["containers"][0]["command"] = ["/bin/bash", "-c", script]
+    find(manifests, "Job")[0]["spec"]["template"]["spec"]["containers"][0]["args"] = ["/bin/bash", "-c", script]
     return manifests
 
 

@@ -57,11 +57,12 @@ def aws(moto_url, monkeypatch, tmp_path):
 
 class FakeKube(ThreadingHTTPServer):
     """Just enough of the Kubernetes API: create/replace/read/delete objects, pods that run and finish,
-    a Job that completes, rank 0's log; ``fail`` = {"POST jobs": (403, message)} injects errors."""
+    a Job that completes, rank 0's log; ``fail`` = {"POST jobs": (403, message)} injects errors (the second
+    word is a path segment or a whole path); ``pending`` is merged into the pods' status while they are Pending."""
 
     def __init__(self, nodes: int):
         super().__init__(("127.0.0.1", 0), Handler)
-        self.nodes, self.objects, self.requests, self.polls, self.fail = nodes, {}, [], 0, {}
+        self.nodes, self.objects, self.requests, self.polls, self.fail, self.pending = nodes, {}, [], 0, {}, {}
         self.url = f"http://127.0.0.1:{self.server_address[1]}"
         self.callers = []
 
@@ -112,7 +113,7 @@ class Handler(BaseHTTPRequestHandler):
         coll = path.rstrip("/").split("/")
         for key, (code, message) in srv.fail.items():
             m, res = key.split()
-            if m == method and res in coll:
+            if m == method and (res in coll or res == path):
                 return self._status(code, message)
         if method == "POST":
             name = body["metadata"]["name"]
@@ -132,7 +133,8 @@ class Handler(BaseHTTPRequestHandler):
             srv.polls += 1
             phase = "Pending" if srv.polls < 2 else "Running" if srv.polls < 4 else "Succeeded"
             items = [{"metadata": {"name": f"job-{i}-x", "annotations": {"batch.kubernetes.io/job-completion-index": str(i)},
-                                   "creationTimestamp": "2025-01-01T00:00:00Z"}, "status": {"phase": phase}}
+                                   "creationTimestamp": "2025-01-01T00:00:00Z"},
+                      "status": {"phase": phase, **(srv.pending if phase == "Pending" else {})}}
                      for i in range(srv.nodes)]
             return self._send(200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items})
         if path.endswith("/log"):
@@ -214,7 +216,7 @@ def test_submit_creates_watches_streams_rank0_and_picks_up_goodput(aws, kube, ca
 def test_resubmit_replaces_config_service_and_job_but_keeps_the_namespace(aws, kube):
     submit(SPEC, CLUSTER, REGION, dry_run=False, watch_job=False, api_server=kube.url)
     kube.requests.clear()
-    res = submit(SPEC, CLUSTER, REGION, dry_run=False, watch_job=False, api_server=kube.url)
+    res = submit(SPEC, CLUSTER, REGION, dry_run=False, watch_job=False, api_server=kube.url, replace=True)
     assert res.actions == ["exists Namespace/nvrx-lab", "replaced ConfigMap/llama-ft-launcher",
                            "replaced Service/llama-ft", "replaced Job/llama-ft"]
     methods = [(m, p.rsplit("/", 2)[-2:]) for m, p, *_ in kube.requests]

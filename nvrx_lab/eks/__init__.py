@@ -14,7 +14,7 @@ as local processes on CPU so CI exercises what ships::
 ``python -m nvrx_lab.eks render --out manifests/`` regenerates the committed manifests.
 Introduced in ``notebooks/05_eks_manifests.ipynb``; submission in ``notebooks/06_submit_p5_job.ipynb``.
 One concept per module: :mod:`.instances`, :mod:`.modes`, :mod:`.spec`, :mod:`.commands`,
-:mod:`.render`, :mod:`.yamlio`, :mod:`.validate`, :mod:`.auth`, :mod:`.submit`, :mod:`.local`.
+:mod:`.render`, :mod:`.yamlio`, :mod:`.validate`, :mod:`.auth`, :mod:`.submit`, :mod:`.watch`, :mod:`.local`.
 """
 
 from nvrx_lab.eks.auth import EksError, eks_token
@@ -23,10 +23,11 @@ from nvrx_lab.eks.local import LocalRun, local_run, plan
 from nvrx_lab.eks.modes import MODES, Mode
 from nvrx_lab.eks.render import render
 from nvrx_lab.eks.spec import JobSpec
-from nvrx_lab.eks.submit import SubmitResult, delete, parse_goodput, submit
+from nvrx_lab.eks.submit import SubmitResult, delete, submit
 from nvrx_lab.eks.validate import K8S_VERSION, ManifestError, validate
+from nvrx_lab.eks.watch import parse_goodput, waiting_reason
 from nvrx_lab.eks.yamlio import comments_for, to_yaml, write_manifests
 
 __all__ = ["JobSpec", "render", "validate", "submit", "delete", "local_run", "plan", "to_yaml", "write_manifests",
-           "comments_for", "parse_goodput", "eks_token", "EksError", "ManifestError", "SubmitResult", "LocalRun",
+           "comments_for", "parse_goodput", "waiting_reason", "eks_token", "EksError", "ManifestError", "SubmitResult", "LocalRun",
            "MODES", "Mode", "INSTANCE_TYPES", "InstanceType", "K8S_VERSION"]

@@ -2,14 +2,18 @@
 
     python -m nvrx_lab.eks render --out manifests/ [--nodes 2] [--image IMG] [--fsx-id fs-… …]
     python -m nvrx_lab.eks validate manifests/*.yaml
-    python -m nvrx_lab.eks submit --cluster C --region R --name N --image IMG --mode ft_launcher [--no-dry-run]
+    python -m nvrx_lab.eks submit --cluster C --region R --name N --image IMG --mode ft_launcher [--no-dry-run] [--replace]
     python -m nvrx_lab.eks delete --cluster C --region R --name N
+
+Bad input is one line on stderr naming the flag, file or field and what is allowed, exit code 2; a
+cluster or schema problem exits 1. ``render`` writes nothing unless every file is valid.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import yaml
 
@@ -18,7 +22,9 @@ from nvrx_lab.eks.modes import MODES
 from nvrx_lab.eks.spec import JobSpec
 from nvrx_lab.eks.submit import delete, submit
 from nvrx_lab.eks.validate import ManifestError, validate
-from nvrx_lab.eks.yamlio import EXAMPLE, write_manifests
+from nvrx_lab.eks.yamlio import EXAMPLE, manifest_files, write_files
+
+FSX_FLAGS = {"fsx_volume_handle": "--fsx-id", "fsx_dns_name": "--fsx-dns", "fsx_mount_name": "--fsx-mount-name"}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -30,9 +36,10 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--image", default=EXAMPLE["image"], help="training image")
     r.add_argument("--instance-type", default="p5.48xlarge", help="EC2 instance type of the nodes")
     r.add_argument("--namespace", default="nvrx-lab", help="namespace of the jobs")
-    r.add_argument("--fsx-id", default=EXAMPLE["fsx_volume_handle"], help="FSx for Lustre file system id")
-    r.add_argument("--fsx-dns", default=EXAMPLE["fsx_dns_name"], help="FSx DNS name")
-    r.add_argument("--fsx-mount-name", default=EXAMPLE["fsx_mount_name"], help="FSx Lustre mount name")
+    fsx = "; all three FSx flags together, or none for the example values"
+    r.add_argument("--fsx-id", dest="fsx_volume_handle", help="FSx for Lustre file system id (fs-…)" + fsx)
+    r.add_argument("--fsx-dns", dest="fsx_dns_name", help="FSx DNS name" + fsx)
+    r.add_argument("--fsx-mount-name", dest="fsx_mount_name", help="FSx Lustre mount name" + fsx)
     v = sub.add_parser("validate", help="validate YAML files against the Kubernetes schemas (strict)")
     v.add_argument("files", nargs="+")
     for name in ("submit", "delete"):
@@ -52,37 +59,73 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--faults", default="")
             s.add_argument("--fsx-claim", default="fsx-claim")
             s.add_argument("--no-dry-run", action="store_true", help="really submit (default: render and validate only)")
+            s.add_argument("--replace", action="store_true",
+                           help="delete an existing Job of this name (and its pods) first; it resumes from its checkpoints")
     return p
+
+
+def _fsx(args: argparse.Namespace) -> dict[str, str]:
+    """The three FSx values: all given, or none (the example values); one or two is an error naming the rest."""
+    given = {k: getattr(args, k) for k in FSX_FLAGS if getattr(args, k) is not None}
+    if given and len(given) < len(FSX_FLAGS):
+        missing = [flag for k, flag in FSX_FLAGS.items() if k not in given]
+        raise ValueError(f"render: {', '.join(FSX_FLAGS[k] for k in given)} also needs {' and '.join(missing)}; "
+                         "allowed: all three FSx flags together, or none (example values to replace)")
+    return given or {k: EXAMPLE[k] for k in FSX_FLAGS}
+
+
+def _load(path: str) -> list[dict]:
+    """The Kubernetes objects in one YAML file; ``ValueError`` with one line for anything else."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read it ({exc.strerror or exc}); allowed: a readable YAML file") from None
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not YAML: {' '.join(str(exc).split())}") from None
+    for i, doc in enumerate(docs, 1):
+        if not isinstance(doc, dict):
+            raise ValueError(f"{path}: document {i} is a {type(doc).__name__}, not a Kubernetes object; "
+                             "allowed: mappings with apiVersion, kind and metadata")
+    if not docs:
+        raise ValueError(f"{path}: no Kubernetes objects in it")
+    return docs
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.cmd == "render":
-            paths = write_manifests(args.out, nodes=args.nodes, image=args.image, instance_type=args.instance_type,
-                                    namespace=args.namespace, fsx_volume_handle=args.fsx_id, fsx_dns_name=args.fsx_dns,
-                                    fsx_mount_name=args.fsx_mount_name)
-            for path in paths:
-                docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+            files = manifest_files(nodes=args.nodes, image=args.image, instance_type=args.instance_type,
+                                   namespace=args.namespace, **_fsx(args))
+            counts = {}
+            for name, text in files.items():  # validate everything before writing anything
+                docs = [d for d in yaml.safe_load_all(text) if d]
                 validate(docs)
-                print(f"wrote {path} ({len(docs)} objects, valid)")
+                counts[name] = len(docs)
+            for path in write_files(args.out, files):
+                print(f"wrote {path} ({counts[path.name]} objects, valid)")
         elif args.cmd == "validate":
             for f in args.files:
-                with open(f) as fh:
-                    validate([d for d in yaml.safe_load_all(fh) if d])
+                try:
+                    validate(_load(f))
+                except ManifestError as exc:
+                    raise ManifestError([f"{f}: {e}" for e in exc.errors]) from None
                 print(f"{f}: valid")
         elif args.cmd == "submit":
             spec = JobSpec(name=args.name, image=args.image, nodes=args.nodes, mode=args.mode, namespace=args.namespace,
                            instance_type=args.instance_type, steps=args.steps, ckpt_interval=args.ckpt_interval,
                            faults=args.faults, fsx_claim=args.fsx_claim)
-            res = submit(spec, args.cluster, args.region, dry_run=not args.no_dry_run, api_server=args.api_server)
+            res = submit(spec, args.cluster, args.region, dry_run=not args.no_dry_run, api_server=args.api_server,
+                         replace=args.replace)
             print("\n".join(res.actions) or f"dry run: {len(res.manifests)} objects valid (pass --no-dry-run to submit)")
             print(f"status: {res.status}; goodput: {res.goodput}")
             return 0 if res.status in ("dry-run", "submitted", "Succeeded") else 1
         else:
             spec = JobSpec(name=args.name, image="unused", namespace=args.namespace)
             print("\n".join(delete(spec, args.cluster, args.region, api_server=args.api_server)) or "nothing to delete")
-    except (ValueError, ManifestError, EksError) as exc:
+    except (ValueError, ManifestError, EksError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ValueError) else 1
     return 0

@@ -13,9 +13,13 @@ Neither the token nor the credentials are ever logged: the presigned URL contain
 from __future__ import annotations
 
 import base64
+import contextlib
+import inspect
 import json
+import os
 import tempfile
 import time
+import weakref
 
 import boto3
 import botocore.exceptions
@@ -24,6 +28,8 @@ from kubernetes.client.rest import ApiException
 
 TOKEN_PREFIX = "k8s-aws-v1."
 TOKEN_REFRESH_S = 600
+CA_IN_MEMORY = "ca_cert_data" in inspect.signature(kubernetes.client.Configuration.__init__).parameters
+"""Whether the kubernetes client takes the cluster's CA certificate as data (newer clients): nothing on disk."""
 
 
 class EksError(RuntimeError):
@@ -67,10 +73,14 @@ def api_client(cluster: str, region: str, session: boto3.session.Session | None 
         raise explain(exc, cluster, region) from None
     cfg = kubernetes.client.Configuration()
     cfg.host = (api_server or endpoint).rstrip("/")
+    ca_file = ""
     if cfg.host.startswith("https://") and ca:
-        with tempfile.NamedTemporaryFile("wb", suffix=".crt", prefix=f"eks-{cluster}-", delete=False) as f:
-            f.write(ca)
-        cfg.ssl_ca_cert = f.name
+        if CA_IN_MEMORY:
+            cfg.ca_cert_data = ca.decode(errors="replace")
+        else:  # the client reads a file: removed again when it closes or is garbage-collected
+            with tempfile.NamedTemporaryFile("wb", suffix=".crt", prefix=f"eks-{cluster}-", delete=False) as f:
+                f.write(ca)
+            cfg.ssl_ca_cert = ca_file = f.name
     cfg.api_key = {"authorization": token}
     cfg.api_key_prefix = {"authorization": "Bearer"}
     issued = [time.monotonic()]
@@ -81,7 +91,17 @@ def api_client(cluster: str, region: str, session: boto3.session.Session | None 
             issued[0] = time.monotonic()
 
     cfg.refresh_api_key_hook = refresh
-    return kubernetes.client.ApiClient(cfg)
+    api = kubernetes.client.ApiClient(cfg)
+    if ca_file:
+        weakref.finalize(api, _unlink, ca_file)
+        close = api.close
+        api.close = lambda: (close(), _unlink(ca_file))[0]
+    return api
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 def _api_message(exc: ApiException) -> str:
@@ -122,7 +142,7 @@ def explain(exc: BaseException, cluster: str, region: str, namespace: str = "") 
             return EksError(f"ResourceQuota exceeded{where}: {msg}; lower nodes/GPUs or ask for a larger quota")
         if exc.status == 403:
             return EksError(f"forbidden{where} (403): {msg or 'no permission'}; the IAM identity's access entry needs "
-                            "create/delete on jobs, services, configmaps and get/list on pods and pods/log")
+                            "get/create/delete on jobs, services, configmaps and get/list on pods and pods/log")
         if exc.status == 422:
             return EksError(f"the API server rejected a manifest (422): {msg}")
         return EksError(f"Kubernetes API error {exc.status} {exc.reason}{where}: {msg}")

@@ -1,6 +1,7 @@
 """The container's command line: the launcher's and the trainer's flags, each with the reason it is set.
 
-The pod runs ``bash -c SCRIPT``; the script is short, readable in ``kubectl get job -o yaml``, and
+The pod runs ``bash -c SCRIPT`` as the container's ``args`` (the image's entrypoint, which sets up CUDA
+forward compatibility, runs first); the script is short, readable in ``kubectl get job -o yaml``, and
 carries one comment per flag inside bash arrays (comments are legal there)::
 
     launcher_args=(
@@ -10,7 +11,8 @@ carries one comment per flag inside bash arrays (comments are legal there)::
 
 Everything that differs between pods or between a cluster and a laptop comes from environment
 variables the manifest sets (``NNODES``, ``NPROC_PER_NODE``, ``RANK0_HOST``, ``MASTER_PORT``,
-``RDZV_PORT``, ``RUN_DIR``) and from ``JOB_COMPLETION_INDEX``, which the Indexed Job gives each pod.
+``RDZV_PORT``, ``RUN_DIR``) and from ``JOB_COMPLETION_INDEX``, which the Indexed Job gives each pod: it is
+the node rank in every mode (torchrun's ``--node-rank``; the launcher's ``--local-addr`` sort key).
 No ``getent``, no sleeps: rank 0 is ``<job>-0.<job>`` by construction, and the stores' clients
 retry their connection until rank 0's pod is up, for 2 nodes or 128.
 """
@@ -64,7 +66,8 @@ def launcher_flags(s: JobSpec) -> list[Flag]:
         Flag("--rdzv-id", s.name, "one rendezvous per Job"),
         Flag("--rdzv-conf", f"is_host=${{IS_RDZV_HOST}},join_timeout={JOIN_TIMEOUT_S}",
              "index 0 hosts the store (no hostname guessing); pods may start minutes apart (image pulls)"),
-        Flag("--max-restarts", str(s.max_restarts), "in-pod restarts of the worker group before the pod fails"),
+        Flag("--local-addr", "${NODE_ADDR}", "sorts like the completion index (c10d numbers nodes in this order): node rank = index"),
+        Flag("--max-restarts", str(s.max_restarts), "in-pod group restarts after a failure here; then every pod fails (backoffLimit)"),
         Flag("--monitor-interval", f"{s.monitor_interval:g}", "seconds between checks of worker exits and heartbeats"),
         Flag("--metrics-file", "${RUN_DIR}/metrics.jsonl", "restart events join the trainer's event stream"),
         Flag("--config", f"{CONFIG_DIR}/{CONFIG_FILE}", "heartbeat, section timeouts and restart policy (ConfigMap)"),
@@ -85,7 +88,7 @@ def trainer_flags(s: JobSpec) -> list[Flag]:
         Flag("--restart", m.restart, m.summary),
     ]
     if s.faults:
-        flags.append(Flag("--faults", s.faults, "injected faults RANK:STEP:KIND, each fires once"))
+        flags.append(Flag("--faults", s.faults, "injected faults RANK:STEP:KIND[:PHASE], each fires once"))
     return flags
 
 
@@ -126,7 +129,12 @@ def container_script(s: JobSpec) -> str:
     ]
     if m.uses_launcher:
         lines += ["# Completion index 0 hosts the rendezvous store; the others connect to it.",
-                  "IS_RDZV_HOST=$(( JOB_COMPLETION_INDEX == 0 ? 1 : 0 ))"]
+                  "IS_RDZV_HOST=$(( JOB_COMPLETION_INDEX == 0 ? 1 : 0 ))",
+                  "# c10d numbers nodes in the string order of their addresses ('<job>-10' before '<job>-2'). Only",
+                  "# index 0's address is dialled (it hosts the stores); the others get a zero-padded key after it.",
+                  'NODE_ADDR="${RANK0_HOST}"',
+                  "(( JOB_COMPLETION_INDEX == 0 )) || "
+                  'NODE_ADDR=$(printf "%s/node-%05d" "${RANK0_HOST}" "${JOB_COMPLETION_INDEX}")']
     lines += _array("launcher_args", launcher_flags(s))
     trainer = trainer_flags(s)
     lines += _array("trainer_args", trainer)

@@ -1,6 +1,7 @@
 """``local_run(manifests)``: the pods of an Indexed Job as local processes, with the shipped command lines.
 
-Each completion index becomes one process running the container's exact ``command``/``args``
+Each completion index becomes one process running the container's exact ``command``/``args`` (with
+``args`` alone, as rendered, the image's entrypoint is skipped: a laptop needs no CUDA compat set-up)
 with the environment Kubernetes would give it: the manifest's variables (``$(VAR)`` expanded),
 the downward API (``JOB_COMPLETION_INDEX`` from the index annotation, pod name, namespace, IPs),
 ``HOSTNAME=<job>-<i>``, and Secrets only if passed in ``secrets``. What a laptop does not have
@@ -203,7 +204,8 @@ def plan(manifests: list[dict], workdir: str | Path, max_procs_per_node: int = 1
         env.update(extra_env or {})
         argv = [local(_expand(a, pod_env)) for a in [*cont.get("command", []), *cont.get("args", [])]]
         if not argv:
-            raise ValueError(f"Job/{name}: the container has no command; local_run cannot run an image's entrypoint")
+            raise ValueError(f"Job/{name}: the container has neither command nor args; local_run cannot run an image's "
+                             "entrypoint alone")
         if argv[0] in ("python", "python3"):
             argv[0] = sys.executable
         pods.append(LocalPod(i, f"{name}-{i}", argv, env))

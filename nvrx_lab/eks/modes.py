@@ -25,6 +25,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+OFI_NET = "AWS Libfabric"
+"""``NCCL_NET`` of the aws-ofi-nccl plugin: its name up to 1.11; later versions are called "Libfabric" but take
+this name too when ``NCCL_NET`` asks for it, so one value works with every DLC and EFA installer."""
 
 @dataclass(frozen=True)
 class Mode:
@@ -82,13 +85,19 @@ def nccl_env(m: Mode, efa: int, efa_rdma: bool, hugepages: bool, nccl_debug: str
     ]
     if efa:
         env += [
+            ("NCCL_NET", OFI_NET, "only the aws-ofi-nccl plugin: NCCL fails at start-up if it does not load, never falls back to TCP sockets"),
             ("FI_PROVIDER", "efa", "libfabric uses the EFA provider (aws-ofi-nccl), never its TCP fallback"),
-            ("FI_EFA_FORK_SAFE", "1", "dataloader workers and the async checkpoint writer fork after EFA registered memory"),
         ]
         if efa_rdma:
             env.append(("FI_EFA_USE_DEVICE_RDMA", "1", "GPUDirect RDMA over EFA (p4d/p5); GPU memory goes to the NIC without a host copy"))
-        if not hugepages:
-            env.append(("FI_EFA_USE_HUGE_PAGE", "0", "no hugepages requested: libfabric allocates its buffers from normal pages"))
+        if hugepages:
+            env.append(("FI_EFA_USE_HUGE_PAGE", "1", "libfabric's bounce buffers on the requested 2 MiB pages; no FI_EFA_FORK_SAFE, "
+                        "which would turn them off (forks are safe anyway on kernels >= 5.13: copy-on-fork of registered memory)"))
+        else:
+            env += [
+                ("FI_EFA_FORK_SAFE", "1", "dataloader workers and the async checkpoint writer fork after EFA registered memory"),
+                ("FI_EFA_USE_HUGE_PAGE", "0", "no hugepages requested: libfabric allocates its buffers from normal pages"),
+            ]
     if m.inprocess:
         env += [
             ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2", "in-process restart: the watchdog aborts the communicator but keeps the process"),

@@ -12,8 +12,11 @@ Service and the Indexed Job. The pod template is where the modes meet the hardwa
   (pod anti-affinity), ``/dev/shm`` as a memory emptyDir with a size limit (never the host's).
 * **Privileges** — capability ``IPC_LOCK`` (EFA pins memory) and nothing else: never
   ``privileged``, no privilege escalation, no service-account token; secrets only by reference.
+* **Entrypoint** — the script is the container's ``args``, so the image's entrypoint (CUDA forward
+  compatibility, see ``manifests/Dockerfile``) runs first and then execs it.
 * **Restarts** — ``restartPolicy: Never`` with a ``podFailurePolicy``: evictions and preemptions do
-  not count against ``backoffLimit``, a usage error (exit 2) fails the Job at once.
+  not count against ``backoffLimit``, a usage error (exit 2) fails the Job at once. A failure of the
+  whole group (every pod) is what ``backoffLimit`` counts in: ``nodes`` x the group failures allowed.
 """
 
 from __future__ import annotations
@@ -110,7 +113,7 @@ def container(s: JobSpec) -> dict:
         mounts.append({"name": "hugepages", "mountPath": "/dev/hugepages"})
     return {
         "name": CONTAINER, "image": s.image, "imagePullPolicy": s.image_pull_policy,
-        "command": ["/bin/bash", "-c", commands.container_script(s)],
+        "args": ["/bin/bash", "-c", commands.container_script(s)],  # args, not command: the image's entrypoint runs first
         "env": env,
         "ports": [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in ports(s)],
         "resources": {"requests": dict(res), "limits": dict(res)},

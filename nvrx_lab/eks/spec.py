@@ -14,12 +14,14 @@ from dataclasses import dataclass, field
 
 from nvrx_lab.eks.instances import InstanceType, instance_type, pod_resources
 from nvrx_lab.eks.modes import Mode, mode
+from nvrx_lab.faults import parse_schedule
 
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+LABEL_RULE = "allowed: lower-case letters, digits and '-', starting {}ending with a letter or digit, at most 63 characters"
 DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 SECRETISH = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_KEY|ACCESS_KEY|PRIVATE_KEY", re.I)
-FAULT = re.compile(r"^\d+:\d+:[a-z_]+$")
 SECTION = re.compile(r"^[a-z][a-z0-9_]*$")
 FSX_ID = re.compile(r"^fs-[0-9a-f]{8,17}$")
 MANAGED_TRAIN_FLAGS = ("--steps", "--seed", "--global-batch", "--metrics", "--ckpt", "--ckpt-interval", "--ckpt-dir",
@@ -31,7 +33,7 @@ RESERVED_ENV = ("JOB_COMPLETION_INDEX", "NNODES", "NPROC_PER_NODE", "RANK0_HOST"
 @dataclass
 class JobSpec:
     name: str
-    """Job name (DNS-1123 label); also the headless Service, so rank 0 is ``<name>-0.<name>``."""
+    """Job name; also the headless Service's, so a DNS-1035 label (starts with a letter): rank 0 is ``<name>-0.<name>``."""
     image: str
     """Training image (see ``manifests/Dockerfile``), ideally an immutable tag or digest."""
     nodes: int = 2
@@ -76,13 +78,15 @@ class JobSpec:
     ckpt_interval: int = 100
     """Trainer ``--ckpt-interval`` (steps between checkpoints)."""
     faults: str = ""
-    """Trainer ``--faults`` schedule ``RANK:STEP:KIND,…`` (empty: no injected faults)."""
+    """Trainer ``--faults`` schedule ``RANK:STEP:KIND[:PHASE],…`` (:func:`nvrx_lab.faults.parse_schedule`); each
+    RANK below nodes x GPUs, each STEP in 1..steps (empty: no injected faults)."""
     train_extra: tuple[str, ...] = ()
     """More trainer flags, verbatim (``("--dim", "1024")``); never the ones the fields above set."""
     train_module: str = "nvrx_lab.train"
     """Python module every worker runs (``python -m``)."""
-    max_restarts: int = 5
-    """Launcher ``--max-restarts``: in-pod restarts of the worker group before the pod fails."""
+    max_restarts: int = 10
+    """Launcher ``--max-restarts``: restarts of the worker group after a failure on this node before its launcher
+    gives up (and closes the rendezvous, which fails every pod: see ``backoff_limit``)."""
     heartbeat_timeout: float = 300.0
     """Launcher: seconds without a heartbeat before a rank counts as hung (after its first heartbeat)."""
     initial_heartbeat_timeout: float = 900.0
@@ -92,8 +96,9 @@ class JobSpec:
     section_timeouts: dict[str, float] = field(default_factory=lambda: {"checkpoint": 600.0})
     """Launcher: per-section timeouts in seconds (a long save inside ``checkpoint`` is not a hang)."""
     backoff_limit: int | None = None
-    """Job ``backoffLimit``: failed pods before the Job fails. ``None``: under Kubernetes restarts 10 x nodes
-    (a fault fails every pod, so ten faults' worth), else 3 (replacements of lost nodes)."""
+    """Job ``backoffLimit``: failed pods before the Job fails. A group failure fails every pod (a fault under
+    Kubernetes restarts; a launcher out of restarts, or the loss of index 0's store, under the launcher), so
+    ``None`` allows whole-group failures: 10 x nodes under Kubernetes restarts, 3 x nodes under the launcher."""
     ttl_after_finished_s: int = 86400
     """Seconds a finished Job (and its pods' logs) is kept."""
     termination_grace_s: int = 120
@@ -150,7 +155,7 @@ class JobSpec:
     def backoff(self) -> int:
         if self.backoff_limit is not None:
             return self.backoff_limit
-        return 10 * self.nodes if self.mode_info.kubernetes_restarts else 3
+        return (10 if self.mode_info.kubernetes_restarts else 3) * self.nodes
 
     @property
     def shm(self) -> int:
@@ -174,18 +179,32 @@ def _fail(field_name: str, problem: str) -> None:
     raise ValueError(f"JobSpec.{field_name}: {problem}")
 
 
+def _check_faults(s: JobSpec, world: int) -> None:
+    """The trainer's own grammar (``RANK:STEP:KIND[:PHASE]``), then ranks and steps that exist in this job."""
+    try:
+        faults = parse_schedule(s.faults)
+    except ValueError as exc:
+        _fail("faults", f"{exc}; allowed e.g. '1:50:exception,3:120:sigkill:save'")
+    for f in faults:
+        if f.rank >= world:
+            _fail("faults", f"{f.id!r}: rank {f.rank} does not exist; allowed: ranks 0..{world - 1} "
+                            f"(world size {world} = {s.nodes} nodes x {s.gpus} GPUs)")
+        if not 1 <= f.step <= s.steps:
+            _fail("faults", f"{f.id!r}: step {f.step} never runs; allowed: steps 1..{s.steps} (JobSpec.steps)")
+
+
 def check(s: JobSpec) -> None:
     """Raise ``ValueError`` naming the first bad field of ``s`` and what it allows."""
-    if not isinstance(s.name, str) or len(s.name) > 63 or not DNS1123_LABEL.match(s.name):
-        _fail("name", f"{s.name!r} is not a DNS-1123 label; allowed: lower-case letters, digits and '-', "
-                      "starting and ending with a letter or digit, at most 63 characters")
+    if not isinstance(s.name, str) or len(s.name) > 63 or not DNS1035_LABEL.match(s.name):
+        _fail("name", f"{s.name!r} is not a DNS-1035 label (it names the headless Service too); "
+                      + LABEL_RULE.format("with a letter and "))
     if not isinstance(s.nodes, int) or isinstance(s.nodes, bool) or s.nodes < 1:
         _fail("nodes", f"must be an integer >= 1, got {s.nodes!r}")
     if len(f"{s.name}-{s.nodes - 1}") > 63:
         _fail("name", f"{s.name!r} is too long for {s.nodes} nodes: pod hostnames '<name>-<index>' must fit 63 "
                       f"characters; allowed: at most {62 - len(str(s.nodes - 1))} characters")
-    if not DNS1123_LABEL.match(s.namespace or "") or len(s.namespace) > 63:
-        _fail("namespace", f"{s.namespace!r} is not a DNS-1123 label")
+    if not isinstance(s.namespace, str) or not DNS1123_LABEL.match(s.namespace) or len(s.namespace) > 63:
+        _fail("namespace", f"{s.namespace!r} is not a DNS-1123 label; " + LABEL_RULE.format("and "))
     if not s.image or any(c.isspace() for c in s.image):
         _fail("image", f"{s.image!r}; allowed: a non-empty image reference without spaces")
     m = mode(s.mode)
@@ -221,9 +240,7 @@ def check(s: JobSpec) -> None:
         _fail("ckpt", f"{s.ckpt!r}; allowed: '' (the mode's default: {m.ckpt}), none, sync, async")
     if s.ckpt_interval < 0 or (s.ckpt_interval == 0 and s.ckpt_mode != "none"):
         _fail("ckpt_interval", f"{s.ckpt_interval}; allowed: >= 1 (or ckpt='none')")
-    for item in filter(None, s.faults.split(",")):
-        if not FAULT.match(item.strip()):
-            _fail("faults", f"{item!r} is not RANK:STEP:KIND; allowed e.g. '1:50:exception,3:120:sigkill'")
+    _check_faults(s, world)
     for flag in s.train_extra:
         if flag.split("=")[0] in MANAGED_TRAIN_FLAGS:
             _fail("train_extra", f"{flag!r} is set by a JobSpec field; allowed: flags other than {', '.join(MANAGED_TRAIN_FLAGS)}")

@@ -44,9 +44,13 @@ def _validator(kind: str, api_version: str, version: str, strict: bool) -> jsons
 
 def violations(manifest: dict, version: str = K8S_VERSION, strict: bool = True) -> list[str]:
     """Every schema violation of one object, as ``Kind/name: path: message``."""
+    if not isinstance(manifest, dict):
+        return [f"(document): a {type(manifest).__name__}, not a Kubernetes object; allowed: a mapping with "
+                "apiVersion, kind and metadata"]
     kind, api = manifest.get("kind"), manifest.get("apiVersion")
-    name = (manifest.get("metadata") or {}).get("name", "?")
-    if not kind or not api:
+    meta = manifest.get("metadata")
+    name = meta.get("name", "?") if isinstance(meta, dict) else "?"
+    if not isinstance(kind, str) or not isinstance(api, str) or not kind or not api:
         return [f"{kind or '?'}/{name}: apiVersion and kind are required"]
     errors = _validator(kind, api, version, strict).iter_errors(manifest)
     return sorted(f"{kind}/{name}: {'.'.join(map(str, e.absolute_path)) or '(root)'}: {e.message}" for e in errors)
