@@ -63,3 +63,22 @@ def context_for(dev: torch.device, timeout: timedelta | None = None) -> DistCont
     _, _, local_rank = env_rank()
     cpu_group = dist.new_group(backend="gloo", timeout=timeout) if dev.type == "cuda" else dist.group.WORLD
     return DistContext(dist.get_rank(), dist.get_world_size(), local_rank, dev, cpu_group)
+
+
+def shutdown(ctx: DistContext | None = None, clean: bool = True) -> None:
+    """Destroy the default group (and the CPU group); after a clean run, a barrier first.
+
+    Why the barrier: torch 2.13's gloo worker threads outlive ``destroy_process_group`` and release a
+    finished collective's work (and with it Python-owned tensors, which needs the GIL) a moment after
+    the caller has moved on. If that moment falls in interpreter shutdown, the thread is killed while
+    unwinding a destructor and the process aborts ("terminate called without an active exception",
+    exit -6) after it has trained. A barrier runs after every earlier collective of the group has
+    finished, so by then their work is released. After a failure no barrier: a peer may be gone."""
+    if not dist.is_initialized():
+        return
+    if clean:
+        group = ctx.cpu_group if ctx is not None else None
+        dist.barrier(group=group)
+        if group is not None and group is not dist.group.WORLD:
+            dist.barrier()
+    dist.destroy_process_group()

@@ -49,6 +49,23 @@ def read_events(path: str | os.PathLike, kind: str | None = None) -> list[dict]:
     return list(iter_events(path, kind))
 
 
+def last_run(events: list[dict]) -> list[dict]:
+    """The events of the newest run in a file that several runs appended to.
+
+    A run begins with ``start`` events carrying ``new_run: true`` (:mod:`nvrx_lab.runs`), one per rank;
+    such an event from a rank already seen in the current run opens the next one. Restarts and
+    resumes start with ``new_run: false`` and stay in their run."""
+    runs: list[list[dict]] = [[]]
+    seen: set = set()
+    for e in events:
+        if e.get("kind") == "start" and e.get("new_run") and e.get("rank") in seen:
+            runs.append([])
+            seen = set()
+        runs[-1].append(e)
+        seen.add(e.get("rank"))
+    return runs[-1]
+
+
 def iter_events(path: str | os.PathLike, kind: str | None = None) -> Iterator[dict]:
     p = Path(path)
     if not p.exists():

@@ -24,6 +24,7 @@ import json
 import os
 import random
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,6 +126,8 @@ class FaultInjector:
         self._record(fault)
         if self.emit:
             self.emit("fault", step=step, fault=fault.kind, target=fault.rank, phase=phase)
+        where = f"step {step}" if phase == "step" else f"the {phase} of step {step}"
+        print(f"[rank {self.rank}] FAULT injected: {fault.kind} in {where} ({fault.id})", file=sys.stderr, flush=True)
         if fault.kind == "exception":
             raise InjectedFault(f"injected exception on rank {self.rank} at step {step}")
         if fault.kind == "hang":

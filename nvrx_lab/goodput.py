@@ -26,6 +26,8 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 
+from nvrx_lab.events import last_run
+
 
 @dataclass
 class FaultRecord:
@@ -72,7 +74,9 @@ class GoodputReport:
 
 def analyze(events: list[dict], ideal_step_s: float | None = None, t_start: float | None = None,
             t_end: float | None = None) -> GoodputReport:
-    """Goodput of one run from its events; ``t_start``/``t_end`` default to the first and last event."""
+    """Goodput of one run from its events (the newest run of a file several runs appended to, see
+    :func:`nvrx_lab.events.last_run`); ``t_start``/``t_end`` default to its first and last event."""
+    events = last_run(events)
     if not events:
         raise ValueError("no events: was the trainer run with --metrics?")
     events = sorted(events, key=lambda e: e["t"])

@@ -19,13 +19,17 @@ import torch.distributed as dist
 from nvrx_lab.dist import DistContext, env_rank, pick_device
 from nvrx_lab.events import EventLog
 from nvrx_lab.faults import FaultInjector, parse_schedule
+from nvrx_lab.runs import RUN_FILE
 
 if TYPE_CHECKING:
     from nvrx_lab.train import TrainConfig
 
 
-def check_flags(cfg: "TrainConfig") -> None:
+def check_flags(cfg: "TrainConfig", world_size: int = 1) -> None:
     """Flag combinations that cannot work, rejected before any process group or file is touched."""
+    from nvrx_lab.train import check_config
+
+    check_config(cfg, world_size)
     if cfg.ckpt != "none":
         if not cfg.ckpt_dir:
             raise ValueError(f"--ckpt {cfg.ckpt} needs --ckpt-dir DIR (a folder shared by all ranks)")
@@ -43,7 +47,7 @@ def check_flags(cfg: "TrainConfig") -> None:
         raise ValueError(f"need 0 < --soft-timeout ({cfg.soft_timeout}) <= --hard-timeout ({cfg.hard_timeout})")
     if cfg.max_iterations < 1 or cfg.min_world_size < 1:
         raise ValueError("--max-iterations and --min-world-size must be >= 1")
-    parse_schedule(cfg.faults)  # raises naming the bad entry
+    check_faults(cfg, world_size)
     if cfg.restart.startswith("launcher"):
         from nvrx_lab.launcher import RankMonitorClient
 
@@ -52,16 +56,32 @@ def check_flags(cfg: "TrainConfig") -> None:
                              "(no rank monitor found in the environment); use --restart none or inprocess under torchrun")
 
 
+def check_faults(cfg: "TrainConfig", world_size: int) -> None:
+    """Each fault must be able to fire: a rank of this world, a step this run reaches."""
+    for fault in parse_schedule(cfg.faults):  # raises naming a malformed entry
+        if fault.rank >= world_size:
+            raise ValueError(f"--faults entry {fault.id}: rank {fault.rank} is not in this world of {world_size} "
+                             f"rank(s) (0..{world_size - 1}); it would never fire")
+        if not 1 <= fault.step <= cfg.steps:
+            raise ValueError(f"--faults entry {fault.id}: step {fault.step} is outside this run's steps 1..{cfg.steps} "
+                             f"(--steps {cfg.steps}); it would never fire")
+
+
 def check_ckpt_dir(path: Path) -> None:
     """Refuse a folder that holds something else than our checkpoints: saving into it would mix them
-    (a missing or empty folder starts a new run; one with committed steps resumes)."""
-    from nvrx_lab.checkpoint.commit import committed_steps, foreign_entries
+    (a missing or empty folder starts a new run; one with committed steps resumes). A ``step_*``
+    folder without our manifest is not ours either (e.g. a plain ``dcp.save``): a commit of that step
+    would replace it."""
+    from nvrx_lab.checkpoint.commit import STEP_RE, committed_steps, foreign_entries
 
     if not path.is_dir() or committed_steps(path):
         return
-    if foreign := [name for name in foreign_entries(path) if name != FAULTS_FIRED]:
-        raise ValueError(f"--ckpt-dir {path} is not a checkpoint folder: it holds {foreign[:5]} and no "
-                         "step_XXXXXXXX/ checkpoint; pass a new or empty folder, or one this trainer saved to")
+    ours = {FAULTS_FIRED, RUN_FILE}
+    foreign = [name for name in foreign_entries(path) if name not in ours]
+    foreign += sorted(f"{p.name}/ (not committed: no nvrx_commit.json)" for p in path.iterdir() if STEP_RE.match(p.name))
+    if foreign:
+        raise ValueError(f"--ckpt-dir {path} is not a folder this trainer saved to: it holds {foreign[:5]} and no "
+                         "committed checkpoint; pass a new or empty folder, or one this trainer saved to")
 
 
 def make_checkpointer(cfg: "TrainConfig", ctx: "DistContext", events: EventLog):
@@ -183,7 +203,9 @@ def run_inprocess(cfg: "TrainConfig", events: EventLog, injector, monitor) -> di
 
         @contextlib.contextmanager
         def io_section(name: str):
-            with cw.atomic(), (monitor.section(name) if monitor is not None else contextlib.nullcontext()):
+            # the per-step commit poll is quick and frequent: atomic, but no launcher section of its own
+            timed = monitor is not None and name != "checkpoint_commit"
+            with cw.atomic(), (monitor.section(name) if timed else contextlib.nullcontext()):
                 yield
 
         summary = train(cfg, ctx, events, persistent["ckpt"], monitor, before_step=(injector,) if injector else (),

@@ -31,11 +31,11 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.fsdp import fully_shard
 
-from nvrx_lab import layers
+from nvrx_lab import layers, runs
 from nvrx_lab.checkpoint import CheckpointError
 from nvrx_lab.cli import parse_dataclass
 from nvrx_lab.data import SyntheticTokens
-from nvrx_lab.dist import DistContext, env_rank, init_distributed
+from nvrx_lab.dist import DistContext, env_rank, init_distributed, shutdown
 from nvrx_lab.events import EventLog, read_events
 from nvrx_lab.goodput import analyze
 from nvrx_lab.model import ModelConfig, Transformer
@@ -231,8 +231,9 @@ def train(cfg: TrainConfig, ctx: DistContext, events: EventLog, checkpointer=Non
                     during("save", step)
                 if monitor is not None:
                     monitor.after_save()
-            try:
-                checkpointer.finalize_async_save(blocking=False)
+            try:  # io_section: an in-process restart must not fall between a commit and its event
+                with io_section("checkpoint_commit") if io_section else contextlib.nullcontext():
+                    checkpointer.finalize_async_save(blocking=False)
             except CheckpointError as e:  # already in the event stream; the previous checkpoint is intact
                 print(f"[rank {ctx.rank}] checkpoint failed, training goes on: {e}", file=sys.stderr, flush=True)
         for hook in after_step:
@@ -247,31 +248,36 @@ def run_plain(cfg: TrainConfig, events: EventLog, injector, monitor) -> dict:
     """One attempt under torchrun or the launcher: whatever fails ends this process (the launcher may restart it)."""
     ctx = init_distributed(cfg.device, cfg.pg_timeout)
     checkpointer = layers.make_checkpointer(cfg, ctx, events)
+    clean = False
     try:
         if monitor is not None:
             monitor.start()
-        return train(cfg, ctx, events, checkpointer, monitor, before_step=(injector,) if injector else (),
-                     during=injector.during if injector else None)
+        summary = train(cfg, ctx, events, checkpointer, monitor, before_step=(injector,) if injector else (),
+                        during=injector.during if injector else None)
+        clean = True
+        return summary
     finally:
         if monitor is not None:  # first: shutting down the writer is no reason to be declared hung
             monitor.close()
-        if checkpointer is not None:
-            checkpointer.close()
-        dist.destroy_process_group()
+        if checkpointer is not None:  # a failed or interrupted run abandons its save in flight
+            checkpointer.close() if clean else checkpointer.abandon()
+        shutdown(ctx, clean)
 
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_dataclass(TrainConfig, argv, prog="python -m nvrx_lab.train", description=__doc__.split("\n\n")[0])
+    rank, world_size, _ = env_rank()
+    restart_count = layers.launcher_restart_count()
     try:
-        layers.check_flags(cfg)
-    except ValueError as e:
+        layers.check_flags(cfg, world_size)
+        new_run = runs.begin(cfg, rank, restart_count, layers.fault_state_file(cfg))
+    except ValueError as e:  # exit 2: a usage error, which no restart mends (the launcher does not retry it)
         print(f"error: {e}", file=sys.stderr)
         return 2
     configure_threads(cfg)
     torch.use_deterministic_algorithms(True)
-    rank, world_size, _ = env_rank()
     events = EventLog(cfg.metrics or None, rank=rank)
-    events.emit("start", world_size=world_size, restart_count=layers.launcher_restart_count(), pid=os.getpid())
+    events.emit("start", world_size=world_size, restart_count=restart_count, new_run=new_run, pid=os.getpid())
     injector = layers.make_fault_injector(cfg, rank, events)
     monitor = layers.Monitor() if cfg.restart.startswith("launcher") else None
     try:
@@ -282,6 +288,10 @@ def main(argv: list[str] | None = None) -> int:
     except CheckpointError as e:  # e.g. another model's checkpoint: no restart mends it
         print(f"[rank {rank}] error: {e}", file=sys.stderr, flush=True)
         return 1
+    except KeyboardInterrupt:
+        print(f"[rank {rank}] interrupted (Ctrl-C): a save in flight was abandoned; the newest committed "
+              f"checkpoint{' in ' + cfg.ckpt_dir if cfg.ckpt_dir else ''} is intact", file=sys.stderr, flush=True)
+        return 130
     events.emit("end", steps=summary["steps"])
     if rank == 0 and cfg.metrics:  # one line a job log collector (nvrx_lab.eks.submit) picks up
         print("GOODPUT " + json.dumps(analyze(read_events(cfg.metrics)).row()), flush=True)

@@ -111,7 +111,7 @@ def test_save_in_flight_waits_and_same_step_refused(tmp_path):
     events = []
     sd = make_state()
     with AsyncCheckpointer(tmp_path, write_bandwidth=2 << 20, emit=lambda k, **f: events.append((k, f))) as ckpt:
-        pid = ckpt.writer_pid
+        pid = ckpt.start().writer_pid  # writer up: a save in flight is being written, not held
         ckpt.async_save(sd, step=1)
         with pytest.raises(ValueError, match="step 1 is already being written"):
             ckpt.async_save(sd, step=1)
@@ -123,6 +123,24 @@ def test_save_in_flight_waits_and_same_step_refused(tmp_path):
     saves = [f for k, f in events if k == "ckpt_save"]
     assert saves[1]["wait_s"] > 0.1
     assert [f["step"] for k, f in events if k == "ckpt_commit"] == [1, 2]
+
+
+@pytest.mark.timeout(60)
+def test_saves_never_wait_for_the_writer_to_start(tmp_path):
+    """Until the writer is up a save is held, not waited for; a newer save replaces it (issue: the 2nd
+    save blocked ~3 s while the writer imported torch)."""
+    events = []
+    sd = make_state()
+    with AsyncCheckpointer(tmp_path, emit=lambda k, **f: events.append((k, f))) as ckpt:
+        for step in (1, 2, 3):
+            ckpt.async_save(sd, step=step)
+            assert not ckpt._writer.ready, "this test needs saves issued while the writer starts"
+        ckpt.finalize_async_save(blocking=True)
+    saves = [f for k, f in events if k == "ckpt_save"]
+    assert max(f["blocking_s"] for f in saves) < 1.0, saves
+    assert [f["step"] for k, f in events if k == "ckpt_skip"] == [1, 2]
+    assert [f["step"] for k, f in events if k == "ckpt_commit"] == [3]
+    assert committed_steps(tmp_path) == [3] and not [p for p in os.listdir(tmp_path) if p.startswith(".")]
 
 
 def test_sync_save_retention_and_resave(tmp_path):

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -119,3 +120,39 @@ def test_min_healthy_stops_the_hung_rank_and_lets_the_survivor_finish(tmp_path):
     assert "continuing without restart" in fail[0]["action"]
     assert not [e for e in ev if e["kind"] == "launcher_restart"]
     assert (0, 39) in steps_by_restart(ev)[0]  # rank 0 trained to the end, no restart
+
+
+@pytest.mark.timeout(90)
+def test_usage_error_stops_at_once_without_restart(tmp_path):
+    """Exit 2 (a bad flag) fails the same way on every attempt: one attempt, launcher exits 2."""
+    t0 = time.monotonic()
+    rc, out, ev = launch(tmp_path, ["--max-restarts", "3"],
+                         ["--steps", "6", "--fault", "exit", "--exit-code", "2", "--fault-step", "1",
+                          "--fault-restarts", "0-9"])
+    wall = time.monotonic() - t0
+    assert rc == 2, out
+    assert "worker rank 1 exited 2 (usage error): not restarting" in out
+    assert "giving up" not in out and "restart 1/3" not in out
+    assert {e["restart"] for e in ev if e["kind"] == "worker_start"} == {0}
+    assert not [e for e in ev if e["kind"] == "launcher_restart"]
+    fail = {e["rank"]: e for e in ev if e["kind"] == "launcher_failure"}  # rank 0 may have lost its peer too
+    assert fail[1]["exit_code"] == 2 and fail[1]["action"] == "usage error: not restarting"
+    assert wall < 30, f"took {wall:.1f} s"
+
+
+@pytest.mark.timeout(90)
+def test_bad_worker_flag_exits_2_without_restart(tmp_path):
+    rc, out, _ = launch(tmp_path, ["--max-restarts", "3"], ["--steps", "three"])
+    assert rc == 2, out
+    assert "invalid int value: 'three'" in out and "(usage error): not restarting" in out
+    assert "restart 1/3" not in out
+
+
+@pytest.mark.timeout(90)
+def test_exit_1_is_still_restarted(tmp_path):
+    rc, out, ev = launch(tmp_path, ["--max-restarts", "1"],
+                         ["--steps", "4", "--fault", "exit", "--exit-code", "1", "--fault-step", "1"])
+    assert rc == 0, out
+    fail = {e["rank"]: e for e in ev if e["kind"] == "launcher_failure"}  # rank 0 may have lost its peer too
+    assert (fail[1]["exit_code"], fail[1]["restart_count"]) == (1, 1)
+    assert {e["restart"] for e in ev if e["kind"] == "worker_done"} == {1}

@@ -60,7 +60,9 @@ def launch_cmd(args, mode: str, port: int) -> list[str]:
             "--master-port", str(port)]
 
 
-def run_mode(args, mode: str, faults: str, workdir: Path) -> tuple[dict, list[dict]]:
+def run_mode(args, mode: str, faults: str, workdir: Path, label: str | None = None) -> tuple[dict, list[dict]]:
+    """Run ``mode`` to the end (baseline: restarted like a pod) and analyze its events; ``label`` names the row."""
+    label = label or mode
     workdir.mkdir(parents=True, exist_ok=True)
     metrics = workdir / "events.jsonl"
     log = EventLog(metrics, rank=0)
@@ -73,16 +75,18 @@ def run_mode(args, mode: str, faults: str, workdir: Path) -> tuple[dict, list[di
             break
         restarts += 1
         if mode != "baseline" or restarts > args.faults + 2:
-            print(f"[{mode}] failed (exit {res.returncode}):\n{res.output[-2000:]}", file=sys.stderr)
+            print(f"[{label}] failed (exit {res.returncode}):\n{res.output[-2000:]}", file=sys.stderr)
             break
         delay = crashloop_delay(restarts, args.pod_restart_s, args.time_scale)
         log.emit("pod_restart", reason=f"job exited {res.returncode}; pod restart + CrashLoopBackOff", delay_s=delay,
                  restart_count=restarts)
         time.sleep(delay)
     events = read_events(metrics)
-    rep = analyze(events, ideal_step_s=args.ideal_step_s, t_start=t_start, t_end=time.time())
-    print(format_report(rep, f"--- {mode}"))
-    return {"mode": mode, **rep.row(), "exit": res.returncode, "events": str(metrics)}, events
+    t_end = time.time()
+    rep = analyze(events, ideal_step_s=args.ideal_step_s, t_start=t_start, t_end=t_end)
+    print(format_report(rep, f"--- {label}"))
+    return {"mode": label, **rep.row(), "exit": res.returncode, "t_start": t_start, "t_end": t_end,
+            "events": str(metrics)}, events
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,14 +117,14 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(args.workdir) / time.strftime("%Y%m%d-%H%M%S")
     rows = []
     if args.ideal_step_s is None:
-        clean, _ = run_mode(args, "baseline", "", root / "fault-free")
+        clean, _ = run_mode(args, "baseline", "", root / "fault-free", label="fault-free")
         args.ideal_step_s = clean["wall_s"] * clean["training_goodput"] / max(1, clean["steps"])
-        rows.append({**clean, "mode": "fault-free"})
+        rows.append(clean)
     for mode in args.modes:
         row, _ = run_mode(args, mode, schedule, root / mode.replace("+", "_"))
         rows.append(row)
     report("goodput", rows, args.out, "python -m nvrx_lab.bench goodput " + shlex.join(argv or sys.argv[1:]),
            extra={"schedule": schedule, "time_scale": args.time_scale,
                   "notes": [f"Kubernetes delays scaled by {args.time_scale} (time scale)", f"fault schedule {schedule}"]},
-           columns=[c for c in rows[0] if c != "events"])
+           columns=[c for c in rows[0] if c not in ("events", "t_start", "t_end")])
     return 0 if all(r["exit"] == 0 for r in rows) else 1

@@ -121,6 +121,8 @@ class AsyncCheckpointer:
         t0 = time.monotonic()
         if self._in_flight and self._in_flight["step"] == step:
             raise ValueError(f"step {step} is already being written to {self._in_flight['tmp']}")
+        if self._in_flight and (unsent := self._writer.take_unsent()) is not None:
+            self._supersede(unsent, step)  # the writer is still starting: never wait for it
         self._collect(self._writer.poll(timeout=1e9) if self._in_flight else None)
         wait_s = time.monotonic() - t0
         if self.rank == 0:
@@ -261,10 +263,32 @@ class AsyncCheckpointer:
                 self._writer.close()
             self._buffer.release()
 
+    def abandon(self) -> int | None:
+        """Stop at once after a failure or Ctrl-C: kill the writer mid-write, commit nothing more,
+        free the staging memory. Returns the step that was in flight (its temporary folder is swept
+        by a later commit); every committed checkpoint stays as it was."""
+        if self._closed:
+            return None
+        self._closed = True
+        lost = self._in_flight["step"] if self._in_flight else None
+        if self._writer is not None:
+            self._writer.process.kill()
+            self._writer.close()
+        self._buffer.release()
+        for p in self._pending:
+            shutil.rmtree(p["tmp"], ignore_errors=True)
+        self._pending.clear()
+        if lost is not None:
+            log.warning("checkpoint step %d abandoned (interrupted); the committed checkpoints are intact", lost)
+        return lost
+
     def __enter__(self) -> "AsyncCheckpointer":
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is KeyboardInterrupt:
+            self.abandon()
+            return
         try:
             self.close()
         except CheckpointError:
@@ -283,6 +307,18 @@ class AsyncCheckpointer:
         self._buffer.release()  # the old region's name is gone; the new writer maps a new one
         self._writer = WriterProcess(self.rank)
 
+    def _supersede(self, unsent: dict, step: int) -> None:
+        """Drop a save its writer never received (it was still starting) in favour of ``step``; the
+        marker tells rank 0, whose other ranks may have written it, to drop it too."""
+        old, tmp = unsent["step"], Path(unsent["tmp"])
+        reason = f"superseded by step {step}: the writer process of rank {self.rank} was still starting"
+        cm.write_rank_error(tmp, self.rank, {"step": old, "rank": self.rank, "error": reason, "superseded": True})
+        if self.rank == 0:
+            self._pending = [p for p in self._pending if p["step"] != old]
+            shutil.rmtree(tmp, ignore_errors=True)
+            self.emit("ckpt_skip", step=old, reason=reason)
+        log.info("checkpoint step %d %s", old, reason)
+
     def _collect(self, outcome) -> None:
         if outcome is None:
             return
@@ -300,7 +336,7 @@ class AsyncCheckpointer:
             if self.rank != 0:  # tell the coordinator, which would otherwise wait for our done marker
                 cm.write_rank_error(tmp, self.rank, {"step": step, "rank": self.rank, "error": "writer died"})
             self._report(CheckpointWriterDied(f"async save of step {step} failed: the writer process of rank "
-                                              f"{self.rank} died (exit code {info['exitcode']}) while writing {tmp}",
+                                              f"{self.rank} died ({info['why']}) while writing {tmp}",
                                               step=step, path=str(tmp)))
 
     def _commit_ready(self, blocking: bool) -> list[int]:

@@ -235,6 +235,9 @@ def commit_ready(pending: list[dict], root: Path, world: int, retention, timeout
         pending.pop(0)
         if errors or len(done) < world:
             shutil.rmtree(p["tmp"], ignore_errors=True)
+            if errors and all(e.get("superseded") for e in errors.values()):  # a newer save took its place
+                emit("ckpt_skip", step=p["step"], reason=next(iter(errors.values()))["error"])
+                continue
             if p["step"] not in failed_steps:
                 if errors:
                     r, info = sorted(errors.items())[0]

@@ -1,43 +1,55 @@
 """The writer: one persistent background process per rank, started once and reused.
 
 A thread would share the GIL with training and stall its Python work for the length of the write;
-a process per save would pay ``import torch`` (~1.5 s) every time. So each rank spawns one writer
-when the :class:`~nvrx_lab.checkpoint.AsyncCheckpointer` is created and talks to it over two queues:
+a process per save would pay ``import torch`` (~1.5 s) every time. So each rank starts one writer
+when the :class:`~nvrx_lab.checkpoint.AsyncCheckpointer` is created and talks to it over a socket pair:
 
 * request: step, temporary folder, the rank's final DCP plan, the staging region's path and the
   :class:`~.staging.Slot` of each tensor item, the serialised non-tensor values, the bandwidth cap.
-  No tensor ever crosses the queue (see :mod:`.staging` for why);
+  No tensor ever crosses the socket (see :mod:`.staging` for why);
 * response: ``("done", step, info)`` or ``("error", step, info)`` with the path and errno.
+
+The writer is a clean interpreter that imports this module (``python -c "…writer_main(…)"``), not a
+``multiprocessing`` child: a ``spawn`` child re-imports the trainer's ``__main__``, which runs a script
+without an ``if __name__ == "__main__":`` guard all over again. Until the writer says ``ready``
+(it imports torch, ~2 s), a request waits in the trainer (:class:`WriterProcess` sends it then), so
+staging never waits for the writer to be up; a newer save replaces a request not sent yet.
 
 The writer maps the staging region (once per region), builds exact-size tensor views over it,
 writes with :func:`~.shards.write_shards` and drops its done (or error) marker for the commit.
 Once mapped, the region's name is removed, so a trainer killed mid-write leaves nothing in
 ``/dev/shm`` (one killed while staging, before the writer mapped the region, still does).
-It exits the moment its parent is gone, mid-write too (a thread waits on the parent's sentinel):
-only the trainer commits, so the rest of an orphaned write is of no use, and it would hold the
-staging memory and the storage bandwidth of the restarted job. It ignores
+It exits the moment its trainer is gone, mid-write too: a thread blocks on a pipe whose only write
+end the trainer holds. Only the trainer commits, so the rest of an orphaned write is of no use, and
+it would hold the staging memory and the storage bandwidth of the restarted job. It ignores
 ``SIGXFSZ`` so a file-size limit surfaces as ``EFBIG`` instead of killing it. If it dies anyway
-(SIGKILL, OOM), :meth:`WriterProcess.poll` reports ``("died", ...)`` and the checkpointer starts a
-new one at the next save.
+(SIGKILL, OOM, a failed start), :meth:`WriterProcess.poll` reports ``("died", ...)`` with the exit
+code and the last line it printed, and the checkpointer starts a new one at the next save.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import queue
 import signal
+import socket
+import subprocess
+import sys
+import tempfile
 import threading
 import time
+from multiprocessing.connection import Connection
 from pathlib import Path
 
-from .commit import write_rank_done, write_rank_error
-from .errors import CheckpointWriteError
-from .shards import write_shards
-from .staging import open_region, slot_view
+PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 
 
 def _serve(msg: dict, regions: dict) -> dict:
+    from .commit import write_rank_done
+    from .errors import CheckpointWriteError
+    from .shards import write_shards
+    from .staging import open_region, slot_view
+
     step, tmp, rank = msg["step"], Path(msg["tmp"]), msg["rank"]
     if msg["region"] not in regions:
         for old in list(regions):
@@ -62,115 +74,170 @@ def _serve(msg: dict, regions: dict) -> dict:
     return {"bytes": sum(f["size"] for f in files.values()), "write_s": write_s}
 
 
-def _exit_with(parent) -> None:
-    """Watch thread: wait for the trainer's death, then exit at once, even in the middle of a write."""
-    parent.join()
+def _exit_with_trainer(death_fd: int) -> None:
+    """Watch thread: the pipe reads EOF once the trainer is gone; exit at once, even mid-write."""
+    while os.read(death_fd, 1):
+        pass
     os._exit(1)
 
 
-def _writer_main(requests, responses) -> None:
+def writer_main(conn_fd: int, death_fd: int) -> None:
+    """The writer process: serve requests until ``None`` or the trainer's death."""
+    threading.Thread(target=_exit_with_trainer, args=(death_fd,), daemon=True, name="nvrx-ckpt-trainer-watch").start()
     if hasattr(signal, "SIGXFSZ"):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    parent = mp.parent_process()
-    if parent is not None:
-        threading.Thread(target=_exit_with, args=(parent,), daemon=True, name="nvrx-ckpt-parent-watch").start()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the trainer decides
+    conn = Connection(conn_fd)
+    from .commit import write_rank_error  # imports torch: the slow part of the start-up
+
     regions: dict = {}
-    responses.put(("ready", None, {"pid": os.getpid()}))
+    conn.send(("ready", None, {"pid": os.getpid()}))
     while True:
         try:
-            msg = requests.get(timeout=1.0)
-        except queue.Empty:
-            if parent is not None and not parent.is_alive():
-                return
-            continue
+            msg = conn.recv()
+        except EOFError:
+            break
         if msg is None:
             break
         try:
-            responses.put(("done", msg["step"], _serve(msg, regions)))
+            conn.send(("done", msg["step"], _serve(msg, regions)))
         except Exception as e:  # noqa: BLE001 - reported to the trainer, the writer lives on
             info = {"step": msg["step"], "rank": msg["rank"], "path": getattr(e, "path", None) or msg["tmp"],
                     "errno": getattr(e, "errno", None), "error": f"{type(e).__name__}: {e}"}
             write_rank_error(Path(msg["tmp"]), msg["rank"], info)
-            responses.put(("error", msg["step"], info))
+            conn.send(("error", msg["step"], info))
     for mm in regions.values():
         mm.close()
 
 
+def command(conn_fd: int, death_fd: int) -> list[str]:
+    """A clean interpreter running :func:`writer_main` (never the trainer's ``__main__``)."""
+    return [sys.executable, "-c", f"from nvrx_lab.checkpoint.writer import writer_main; writer_main({conn_fd}, {death_fd})"]
+
+
 class WriterProcess:
-    """Trainer side of one rank's writer: submit a request, poll for its outcome."""
+    """Trainer side of one rank's writer: submit a request, poll for its outcome.
+
+    One request at a time. A request submitted before the writer is ready is held here and sent by
+    the reader thread when ``ready`` arrives; :meth:`replace_unsent` swaps it for a newer one."""
 
     def __init__(self, rank: int = 0):
-        ctx = mp.get_context("spawn")
         self.rank = rank
-        self.requests = ctx.Queue()
-        self.responses = ctx.Queue()
-        self.process = ctx.Process(target=_writer_main, args=(self.requests, self.responses), daemon=True,
-                                   name=f"nvrx-ckpt-writer-{rank}")
-        self.process.start()
+        ours, theirs = socket.socketpair()
+        death_r, self._death_w = os.pipe()  # both ends non-inheritable: only the writer gets death_r
+        self._stderr = tempfile.TemporaryFile()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [PACKAGE_PARENT, os.environ.get("PYTHONPATH")]))}
+        try:
+            self.process = subprocess.Popen(
+                command(theirs.fileno(), death_r),
+                pass_fds=(theirs.fileno(), death_r), stdin=subprocess.DEVNULL, stdout=self._stderr,
+                stderr=self._stderr, env=env)
+        finally:
+            theirs.close()
+            os.close(death_r)
+        self._conn = Connection(ours.detach())
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+        self._unsent: dict | None = None
+        self._responses: queue.Queue = queue.Queue()
         self.in_flight: dict | None = None
+        threading.Thread(target=self._read, daemon=True, name=f"nvrx-ckpt-writer-{rank}-reader").start()
+
+    def _read(self) -> None:
+        """Reader thread: ``ready`` releases a held request; outcomes go to :meth:`poll`."""
+        while True:
+            try:
+                kind, step, info = self._conn.recv()
+            except (EOFError, OSError):
+                self._responses.put(None)  # the writer is gone (or closed)
+                return
+            if kind == "ready":
+                with self._lock:
+                    self._ready.set()
+                    if self._unsent is not None:
+                        self._send(self._unsent)
+                        self._unsent = None
+            else:
+                self._responses.put((kind, step, info))
+
+    def _send(self, msg: dict) -> None:
+        try:
+            self._conn.send(msg)
+        except OSError:  # the writer died: poll() reports it
+            pass
 
     def wait_ready(self, timeout: float = 120.0) -> None:
-        """Block until the writer has imported torch and is listening (its first message)."""
-        if getattr(self, "_ready", False):
-            return
-        if self.in_flight is not None:
-            raise RuntimeError("wait_ready() must come before the first request")
-        try:
-            kind, _, _ = self.responses.get(timeout=timeout)
-        except queue.Empty:
-            raise TimeoutError(f"writer of rank {self.rank} not ready after {timeout} s "
-                               f"(alive: {self.alive()})") from None
-        self._ready = kind == "ready"
+        """Block until the writer has imported torch and is listening; raise at once if it died."""
+        deadline = time.monotonic() + timeout
+        while not self._ready.wait(0.05):
+            if not self.alive():
+                raise RuntimeError(f"the checkpoint writer of rank {self.rank} could not start: {self.why()}")
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"the checkpoint writer of rank {self.rank} is not ready after {timeout} s")
 
     @property
     def pid(self) -> int | None:
         return self.process.pid
 
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
     def alive(self) -> bool:
-        return self.process.is_alive()
+        return self.process.poll() is None
+
+    def why(self) -> str:
+        """The writer's exit code and the last line it printed (why it died)."""
+        code = self.process.poll()
+        self._stderr.seek(0)
+        lines = [ln for ln in self._stderr.read()[-4096:].decode(errors="replace").splitlines() if ln.strip()]
+        return f"exit code {code}" + (f": {lines[-1].strip()}" if lines else "")
 
     def submit(self, msg: dict) -> None:
         if self.in_flight is not None:
             raise RuntimeError(f"writer of rank {self.rank} is busy with step {self.in_flight['step']}")
         self.in_flight = {"step": msg["step"], "tmp": msg["tmp"]}
-        self.requests.put(msg)
+        with self._lock:
+            if self._ready.is_set():
+                self._send(msg)
+            else:
+                self._unsent = msg
+
+    def take_unsent(self) -> dict | None:
+        """The request in flight if the writer has not received it yet (it is then withdrawn), else None."""
+        with self._lock:
+            if self._unsent is None:
+                return None
+            msg, self._unsent, self.in_flight = self._unsent, None, None
+            return msg
 
     def poll(self, timeout: float = 0.0) -> tuple[str, int, dict] | None:
         """Outcome of the request in flight: ("done"|"error"|"died", step, info), or None if still busy."""
         if self.in_flight is None:
             return None
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            try:  # a non-blocking poll (once a training step) must not wait at all
-                got = self.responses.get(timeout=min(0.05, left)) if left > 0 else self.responses.get_nowait()
-                kind, step, info = got
-            except queue.Empty:
-                if not self.alive():
-                    try:  # a response may have landed just before the exit
-                        kind, step, info = self.responses.get(timeout=0.1)
-                    except queue.Empty:
-                        lost, self.in_flight = self.in_flight, None
-                        return ("died", lost["step"], {"exitcode": self.process.exitcode, "tmp": lost["tmp"]})
-                elif time.monotonic() >= deadline:
-                    return None
-                else:
-                    continue
-            if kind == "ready":
-                continue
-            self.in_flight = None
-            return kind, step, info
+        try:
+            got = self._responses.get(timeout=timeout) if timeout > 0 else self._responses.get_nowait()
+        except queue.Empty:
+            return None
+        if got is None:
+            self._responses.put(None)  # stays dead for later polls
+            self.process.wait()
+            lost, self.in_flight = self.in_flight, None
+            return "died", lost["step"], {"exitcode": self.process.returncode, "why": self.why(), "tmp": lost["tmp"]}
+        self.in_flight = None
+        return got
 
     def close(self, timeout: float = 10.0) -> None:
         if self.alive():
+            self._send(None)
             try:
-                self.requests.put(None)
-            except (OSError, ValueError):
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+        self._conn.close()
+        for closer in (lambda: os.close(self._death_w), self._stderr.close):
+            try:
+                closer()
+            except OSError:
                 pass
-            self.process.join(timeout)
-        if self.alive():
-            self.process.kill()
-            self.process.join(5)
-        for q in (self.requests, self.responses):
-            q.close()
-            q.cancel_join_thread()

@@ -2,7 +2,8 @@
 
 Builds torchrun's own launch configuration from its own parser (``config_from_args``), then runs
 our :class:`~nvrx_lab.launcher.agent.HeartbeatAgent` instead of torchrun's agent. Exit code 0 when
-the workers succeeded, 1 when they failed with no restarts left, 2 for bad flags or config.
+the workers succeeded, 1 when they failed with no restarts left, 2 for bad flags or config, and 2
+(at once, no restart) when a worker exited 2, the code of a usage error.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
                                   local_addr=config.local_addr, **config.rdzv_configs)
     master_addr, master_port = _get_addr_and_port(params)
     os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
-    result = None
+    result = agent = None
     rdzv_handler = None
     try:
         rdzv_handler = rdzv_registry.get_rendezvous_handler(params)
@@ -83,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(directory, ignore_errors=True)
     if result is None or result.state.name not in ("FAILED", "UNHEALTHY"):
         return 0
+    if agent is not None and agent.usage_error is not None:
+        return agent.usage_error.exit_code
     restart_log.say(f"workers failed after {config.max_restarts} restart(s); giving up")
     return 1
 

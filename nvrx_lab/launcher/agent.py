@@ -16,6 +16,9 @@ What it changes, and why:
 * **Warm standby** (optional, :mod:`nvrx_lab.launcher.standby`): after torchelastic stops workers
   the zygote is asked to SIGKILL anything left, so a new round never overlaps the old one.
 * **Restart log** (:mod:`nvrx_lab.launcher.restart_log`): why, how fast detected, how fast respawned.
+* **No restart for a usage error.** A worker that exits 2 (:data:`~nvrx_lab.launcher.policy.USAGE_ERROR`,
+  argparse's code for a bad flag) would fail the same way on every attempt: the group is stopped at
+  once and the launcher exits 2.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, W
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
 from nvrx_lab.launcher.monitor import MonitorServer
-from nvrx_lab.launcher.policy import RestartPolicy, any_failed
+from nvrx_lab.launcher.policy import USAGE_ERROR, RestartPolicy, any_failed
 from nvrx_lab.launcher.restart_log import Failure, RestartLog, describe_exit
 from nvrx_lab.launcher.standby import Zygote
 from nvrx_lab.net import listen
@@ -53,6 +56,8 @@ class HeartbeatAgent(LocalElasticAgent):
         self._round_store: TCPStore | None = None
         self._tolerated: set[int] = set()
         self._awaiting_ready = False
+        self.usage_error: Failure | None = None
+        """The worker that exited with a usage error, if one did: the job stopped without a restart."""
 
     @property
     def restart_count(self) -> int:
@@ -126,6 +131,13 @@ class HeartbeatAgent(LocalElasticAgent):
                 self._awaiting_ready = False
                 self.restart_log.ready(max(self.monitors.state(lr).first_heartbeat_at for lr in exits))
             return RunResult(state=WorkerState.HEALTHY)
+
+        usage = next((f for f in lost if f.exit_code == USAGE_ERROR), None)
+        if usage is not None:  # the next attempt would fail the same way
+            self.usage_error = usage
+            self._remaining_restarts = 0  # torchelastic stops the group and returns FAILED
+            self.restart_log.usage_error(usage, lost)
+            return RunResult(state=WorkerState.FAILED)
 
         total = len(exits)
         healthy = total - len(self._tolerated) - len(lost)

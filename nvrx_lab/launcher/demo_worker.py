@@ -9,7 +9,7 @@ Each step: an all-reduce over gloo, ``--step-time`` of sleep, a heartbeat and a 
 (every rank) on ``--metrics``. Faults are deterministic: ``--fault KIND`` hits ``--fault-rank`` at
 ``--fault-step`` on each attempt whose ``TORCHELASTIC_RESTART_COUNT`` is in ``--fault-restarts``
 (``0``, ``0-9``, ``0,2``). Kinds: ``kill`` (SIGKILL itself), ``hang`` (sleeps forever, no heartbeats),
-``exit`` (exit code 3), ``slow`` (a legitimate ``--slow-s`` pause, inside section ``--section`` if
+``exit`` (exit code ``--exit-code``, 3 by default), ``slow`` (a legitimate ``--slow-s`` pause, inside section ``--section`` if
 given). ``--on-peer-loss continue`` stands in for the in-process wrapper under ``min-healthy``: a
 rank whose peer died drops the process group and trains on alone.
 """
@@ -50,6 +50,7 @@ def get_args(argv=None) -> argparse.Namespace:
     p.add_argument("--fault-step", type=int, default=5)
     p.add_argument("--fault-restarts", type=parse_restarts, default={0}, help="attempts that fault: 0 | 0-9 | 0,2")
     p.add_argument("--fault-plan", default="", help="per attempt kinds, e.g. 0:kill,1:hang (overrides --fault)")
+    p.add_argument("--exit-code", type=int, default=3, help="exit code of the 'exit' fault")
     p.add_argument("--slow-s", type=float, default=5.0, help="length of the 'slow' phase (s)")
     p.add_argument("--section", default="", help="wrap the slow phase in this section")
     p.add_argument("--calc-timeouts", action="store_true", help="calculate_timeouts() after the slow phase")
@@ -87,7 +88,7 @@ def main(argv=None) -> int:
             elif args.fault == "hang":
                 time.sleep(3600)
             elif args.fault == "exit":
-                sys.exit(3)
+                sys.exit(args.exit_code)
         if args.fault == "slow" and step == args.fault_step and restart in args.fault_restarts:
             if client and args.section:
                 client.start_section(args.section)

@@ -8,6 +8,9 @@ A policy is a small callable ``policy(healthy, total) -> bool`` (True: stop ever
   and the surviving ranks carry on, re-forming their group in-process; the launcher restarts the
   group only when fewer than ``min_workers`` local workers remain. Exceptions never reach the
   launcher: the in-process wrapper handles them inside the process.
+
+Whatever the policy, a worker that exits with :data:`USAGE_ERROR` stops the job at once: a bad flag
+fails the same way on every attempt, so restarting would only repeat the error message.
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 RestartPolicy = Callable[[int, int], bool]
+
+USAGE_ERROR = 2
+"""Exit code of a usage error (argparse's, and ``nvrx_lab.train``'s on bad flags): never restarted."""
 
 
 def any_failed(healthy: int, total: int) -> bool:

@@ -83,6 +83,16 @@ class RestartLog:
         if action is None:
             action = f"restart {restart}/{self.max_restarts}" if restart else f"no restarts left ({self.max_restarts} used)"
         self.say(f"worker group failed: {what}; {action}")
+        self._emit_failures(failures, restart, action)
+
+    def usage_error(self, failure: Failure, lost: list[Failure]) -> None:
+        """A worker exited with a usage error: the job stops without a restart."""
+        action = "usage error: not restarting"
+        self._detected_at = None
+        self.say(f"worker rank {failure.rank} exited {failure.exit_code} (usage error): not restarting")
+        self._emit_failures(lost, None, action)
+
+    def _emit_failures(self, failures: list[Failure], restart: int | None, action: str) -> None:
         for f in failures:
             self.events.emit("launcher_failure", rank=f.rank, local_rank=f.local_rank, reason=f.reason,
                              detail=f.detail, exit_code=f.exit_code, signal=f.signal, detect_s=f.detect_s,

@@ -1,0 +1,72 @@
+"""One run, one record: what makes a launch a new run or the continuation of one.
+
+A launch continues a run when it resumes it: a restart (the launcher's ``TORCHELASTIC_RESTART_COUNT``
+> 0, or an in-process restart, which never comes back here) or a new launch onto a checkpoint folder
+that holds committed steps. Anything else is a **new run**, and then:
+
+* its events start a new segment of the ``--metrics`` file: every ``start`` event says ``new_run``,
+  and :func:`nvrx_lab.events.last_run` (what goodput reads) keeps only the newest run;
+* faults fired by an earlier run are forgotten (rank 0 clears the fired-faults file before the
+  process group exists, so before any fault can fire);
+* rank 0 records the run's identity (``run.json`` beside the checkpoints: seed, model shape, batch), and
+  a later launch that would resume with another identity is a usage error naming the flag, instead
+  of a traceback from deep inside ``load_state_dict``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from nvrx_lab.train import TrainConfig
+
+RUN_FILE = "run.json"
+IDENTITY = ("seed", "vocab_size", "seq_len", "global_batch", "dim", "n_layers", "n_heads", "hidden_dim",
+            "tie_embeddings")
+"""Flags a resumed run must keep: the checkpointed state and the token stream depend on them."""
+
+
+def identity(cfg: "TrainConfig") -> dict:
+    return {name: getattr(cfg, name) for name in IDENTITY}
+
+
+def is_new_run(cfg: "TrainConfig", restart_count: int) -> bool:
+    from nvrx_lab.checkpoint.commit import committed_steps
+
+    return restart_count == 0 and not (cfg.ckpt != "none" and committed_steps(Path(cfg.ckpt_dir)))
+
+
+def check_resume(cfg: "TrainConfig") -> None:
+    """Raise ``ValueError`` naming each flag that differs from the run the checkpoints belong to."""
+    path = Path(cfg.ckpt_dir) / RUN_FILE if cfg.ckpt != "none" else None
+    if path is None or not path.exists():
+        return
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return  # unreadable: the loader's own checks still stand
+    differ = [f"--{k.replace('_', '-')} {getattr(cfg, k)} (the run has {saved[k]})"
+              for k in IDENTITY if k in saved and saved[k] != getattr(cfg, k)]
+    if differ:
+        raise ValueError(f"--ckpt-dir {cfg.ckpt_dir} holds the checkpoints of another run: {', '.join(differ)}; "
+                         "resume with the run's values, or pass a new --ckpt-dir")
+
+
+def begin(cfg: "TrainConfig", rank: int, restart_count: int, fault_file: Path | None) -> bool:
+    """Check a resume and, for a new run, reset what an earlier run left; returns ``new_run``."""
+    new_run = is_new_run(cfg, restart_count)
+    if not new_run:
+        check_resume(cfg)
+    elif rank == 0:
+        if fault_file is not None:
+            fault_file.unlink(missing_ok=True)
+        if cfg.ckpt != "none":
+            folder = Path(cfg.ckpt_dir)
+            folder.mkdir(parents=True, exist_ok=True)
+            part = folder / (RUN_FILE + f".{os.getpid()}.part")
+            part.write_text(json.dumps(identity(cfg)))
+            os.replace(part, folder / RUN_FILE)
+    return new_run

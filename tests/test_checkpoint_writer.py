@@ -1,0 +1,77 @@
+"""The writer process is a clean interpreter of our own module: a script without a ``__main__`` guard
+checkpoints, and a writer that cannot start says why at once."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from nvrx_lab.checkpoint import writer
+from nvrx_lab.checkpoint.commit import committed_steps
+
+NO_GUARD = """
+import sys, torch
+from nvrx_lab.checkpoint import AsyncCheckpointer
+print("top level ran", flush=True)
+state = {"w": torch.arange(1024.0)}
+with AsyncCheckpointer(sys.argv[1]) as ckpt:
+    for step in (1, 2):
+        ckpt.async_save(state, step=step)
+        ckpt.finalize_async_save(blocking=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_script_without_main_guard_checkpoints_and_is_not_rerun(tmp_path):
+    script = tmp_path / "train_no_guard.py"
+    script.write_text(textwrap.dedent(NO_GUARD))
+    res = subprocess.run([sys.executable, str(script), str(tmp_path / "ckpt")], capture_output=True, text=True,
+                         timeout=100)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.count("top level ran") == 1, res.stdout  # the writer never ran the script again
+    assert "died" not in res.stderr, res.stderr
+    assert committed_steps(tmp_path / "ckpt") == [1, 2]
+
+
+@pytest.mark.timeout(60)
+def test_a_writer_that_cannot_start_says_why_at_once(monkeypatch):
+    monkeypatch.setattr(writer, "command", lambda conn_fd, death_fd: [
+        sys.executable, "-c", "import sys; print('ImportError: no module named fast_storage', file=sys.stderr); sys.exit(3)"])
+    proc = writer.WriterProcess(rank=5)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"writer of rank 5 could not start: exit code 3: ImportError: no module"):
+        proc.wait_ready(timeout=60)
+    assert time.monotonic() - t0 < 10
+    proc.submit({"step": 7, "tmp": "/nonexistent/.tmp_step_00000007_x"})
+    kind, step, info = proc.poll(timeout=10)
+    assert (kind, step) == ("died", 7) and "no module named fast_storage" in info["why"]
+    proc.close()
+
+
+@pytest.mark.timeout(60)
+def test_the_writer_exits_with_its_trainer(tmp_path):
+    """The death pipe: the writer exits when the process holding the write end is gone."""
+    code = ("import sys, time; from nvrx_lab.checkpoint.writer import WriterProcess; w = WriterProcess(); "
+            "w.wait_ready(60); print(w.pid, flush=True); time.sleep(60)")
+    trainer = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        pid = int(trainer.stdout.readline())
+    finally:
+        trainer.kill()
+        trainer.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.05)
+    assert not _alive(pid), "the writer outlived its trainer"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
