@@ -48,6 +48,8 @@ def prepare(work: Path) -> None:
     (work / "typo.yaml").write_text("heartbeat_timout: 3\n")
     (work / "list.yaml").write_text("- a\n")
     (work / "empty").mkdir(exist_ok=True)
+    (work / "plain_dcp" / "step_00000005").mkdir(parents=True, exist_ok=True)  # dcp.save's, no manifest
+    (work / "plain_dcp" / "step_00000005" / ".metadata").write_bytes(b"not ours")
 
 
 def cases(work: Path) -> list[tuple[str, list[str], list[str]]]:
@@ -65,10 +67,18 @@ def cases(work: Path) -> list[tuple[str, list[str], list[str]]]:
          ["--soft-timeout (5.0) <= --hard-timeout (2.0)"]),
         ("trainer: launcher mode without launcher", [*TRAIN, "--restart", "launcher"], ["python -m nvrx_lab.launcher"]),
         ("ckpt dir: a file", [*TRAIN, "--ckpt", "sync", "--ckpt-dir", f"{w}/a_file"], ["--ckpt-dir", "a_file", "is a file"]),
+        ("trainer: fault beyond --steps", [*TRAIN, "--steps", "20", "--faults", "0:25:hang"],
+         ["0:25:hang", "outside this run's steps 1..20"]),
+        ("trainer: fault on a rank outside the world", [*TRAIN, "--faults", "1:2:exception"],
+         ["1:2:exception", "rank 1 is not in this world of 1"]),
         ("ckpt dir: not a checkpoint", [*TRAIN, "--ckpt", "sync", "--ckpt-dir", f"{w}/foreign"],
-         ["not a checkpoint folder", "model.pt"]),
+         ["not a folder this trainer saved to", "model.pt"]),
+        ("ckpt dir: an uncommitted step folder", [*TRAIN, "--ckpt", "sync", "--ckpt-dir", f"{w}/plain_dcp"],
+         ["step_00000005/ (not committed: no nvrx_commit.json)"]),
         ("ckpt dir: another model's", [*TRAIN, "--steps", "4", "--ckpt", "sync", "--ckpt-dir", f"{w}/other_model"],
-         ["other_model/step_00000002", "Size mismatch", "model.embed.weight"]),
+         ["other_model", "another run", "--dim 128 (the run has 64)", "--hidden-dim 344 (the run has 172)"]),
+        ("ckpt dir: another seed", [*TRAIN, "--steps", "4", "--seed", "7", "--dim", "64", "--hidden-dim", "172",
+                                    "--ckpt", "sync", "--ckpt-dir", f"{w}/other_model"], ["--seed 7 (the run has 0)"]),
         ("launcher: negative heartbeat timeout", [*LAUNCH, "--heartbeat-timeout", "-1", "x.py"],
          ["--heartbeat-timeout"]),
         ("launcher: missing YAML", [*LAUNCH, "--config", f"{w}/missing.yaml", "x.py"], ["missing.yaml", "cannot read"]),
