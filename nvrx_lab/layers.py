@@ -45,6 +45,9 @@ def check_flags(cfg: "TrainConfig", world_size: int = 1) -> None:
         raise ValueError(f"--ckpt-write-bandwidth must be >= 0 bytes/s (0 = no cap), got {cfg.ckpt_write_bandwidth}")
     if not 0 < cfg.soft_timeout <= cfg.hard_timeout:
         raise ValueError(f"need 0 < --soft-timeout ({cfg.soft_timeout}) <= --hard-timeout ({cfg.hard_timeout})")
+    if cfg.restart.endswith("inprocess") and uses_cuda(cfg) and cfg.pg_timeout <= cfg.hard_timeout:
+        raise ValueError(f"--pg-timeout ({cfg.pg_timeout}) must exceed --hard-timeout ({cfg.hard_timeout}) under "
+                         "in-process restart on GPUs: NCCL's watchdog would end a hung collective before the wrapper")
     if cfg.max_iterations < 1 or cfg.min_world_size < 1:
         raise ValueError("--max-iterations and --min-world-size must be >= 1")
     check_faults(cfg, world_size)
@@ -54,6 +57,20 @@ def check_flags(cfg: "TrainConfig", world_size: int = 1) -> None:
         if not RankMonitorClient.available():
             raise ValueError(f"--restart {cfg.restart} needs the workers to run under `python -m nvrx_lab.launcher` "
                              "(no rank monitor found in the environment); use --restart none or inprocess under torchrun")
+
+
+INPROCESS_NCCL_ENV = {
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2",  # on an error the watchdog aborts the communicator, the process lives
+    "TORCH_NCCL_RETHROW_CUDA_ERRORS": "0",  # nor does it rethrow CUDA errors from its thread
+    "NCCL_NVLS_ENABLE": "0",  # NVLS multicast buffers are not released by an abort
+}
+"""What in-process restart needs from NCCL (as ``nvrx_lab.eks.modes`` sets in the manifests)."""
+
+
+def uses_cuda(cfg: "TrainConfig") -> bool:
+    import torch
+
+    return cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
 
 
 def check_faults(cfg: "TrainConfig", world_size: int) -> None:

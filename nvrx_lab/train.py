@@ -29,6 +29,7 @@ from typing import Callable, Literal
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from nvrx_lab import layers, runs
@@ -75,8 +76,9 @@ class TrainConfig:
     """auto: this rank's GPU when CUDA is available (NCCL), else the CPU (gloo)."""
     threads: int = 0
     """Intra-op CPU threads per rank; 0 = cores / local ranks."""
-    pg_timeout: float = 60.0
-    """Seconds before a collective gives up."""
+    pg_timeout: float = 90.0
+    """Seconds before a collective gives up; under in-process restart on GPUs it must exceed --hard-timeout
+    (the wrapper, not NCCL's watchdog, decides about a hang)."""
     metrics: str = ""
     """Event stream (JSON lines: steps, saves, faults, restarts); empty = none."""
     log_every: int = 5
@@ -118,12 +120,14 @@ def model_config(cfg: TrainConfig) -> ModelConfig:
 
 
 def build_model(cfg: TrainConfig, device: torch.device) -> torch.nn.Module:
-    """Same initial weights on every rank (seeded), then ``fully_shard`` per block and the root."""
+    """Same initial weights on every rank (seeded), then ``fully_shard`` per block and the root, on a mesh
+    of this device type (FSDP2's default mesh takes the accelerator whenever one exists, --device cpu too)."""
     torch.manual_seed(cfg.seed)
     model = Transformer(model_config(cfg)).to(device)
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),)) if dist.is_initialized() else None
     for block in model.blocks:
-        fully_shard(block)
-    fully_shard(model)
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     return model
 
 
@@ -224,6 +228,8 @@ def train(cfg: TrainConfig, ctx: DistContext, events: EventLog, checkpointer=Non
         if monitor is not None:
             monitor.heartbeat(step)
         progress()
+        if checkpointer is not None and cfg.ckpt == "async" and not losses[:-1]:  # the optimizer has its state now
+            checkpointer.prepare(state.state_dict())  # the first save then blocks no longer than the later ones
         if checkpointer is not None:
             if step % cfg.ckpt_interval == 0:
                 with section("checkpoint"):
@@ -274,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # exit 2: a usage error, which no restart mends (the launcher does not retry it)
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if cfg.restart.endswith("inprocess"):
+        os.environ.update(layers.INPROCESS_NCCL_ENV)  # torchrun sets =1: NCCL's watchdog would kill the process
     configure_threads(cfg)
     torch.use_deterministic_algorithms(True)
     events = EventLog(cfg.metrics or None, rank=rank)

@@ -25,10 +25,11 @@ def test_judge_passes_only_with_exit_0_every_fault_and_the_last_step():
 
 
 def test_summarize_counts_exit_codes_per_command():
-    trials = [Trial("plain", 1, 0, 3.0, None, "", ""), Trial("plain", 2, 1, 5.0, "exit code 1", "w", "x"),
-              Trial("plain", 3, 0, 4.0, None, "", "")]
+    trials = [Trial("plain", 1, 0, 3.0, None, "", "", 0), Trial("plain", 2, 1, 5.0, "exit code 1", "w", "x"),
+              Trial("plain", 3, 0, 4.0, None, "", "", 2)]
     assert summarize(trials, ["plain"]) == [{"command": "plain", "runs": 3, "passed": 2, "failed": 1,
-                                             "exit_codes": {0: 2, 1: 1}, "median_wall_s": 4.0}]
+                                             "exit_codes": {0: 2, 1: 1}, "median_wall_s": 4.0,
+                                             "median_rollback_steps": 1.0}]
 
 
 @pytest.mark.timeout(150)
@@ -38,7 +39,7 @@ def test_one_plain_run_writes_the_table_and_json(tmp_path, capsys):
                "--out", str(out)])
     data = json.loads(out.read_text())
     [row] = data["rows"]
-    assert set(row) == {"command", "runs", "passed", "failed", "exit_codes", "median_wall_s"}
+    assert set(row) == {"command", "runs", "passed", "failed", "exit_codes", "median_wall_s", "median_rollback_steps"}
     assert row["command"] == "plain" and row["runs"] == 1 and row["passed"] + row["failed"] == 1
     assert sum(row["exit_codes"].values()) == 1
     assert rc == (0 if row["passed"] else 1)  # the trainer's exit may still be flaky: the shape is what we check

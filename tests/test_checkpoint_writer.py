@@ -75,3 +75,20 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+@pytest.mark.timeout(60)
+def test_prepare_sizes_and_touches_the_staging_region_before_the_first_save(tmp_path):
+    import torch
+
+    from nvrx_lab.checkpoint import AsyncCheckpointer
+
+    sd = {"w": torch.randn(64, 1024), "b": torch.arange(77, dtype=torch.int64), "s": torch.tensor(3.0)}
+    with AsyncCheckpointer(tmp_path, start_writer=False) as ckpt:
+        ckpt.prepare(sd)
+        region = ckpt._buffer.path
+        assert region and ckpt._buffer.capacity >= 64 * 1024 * 4
+        ckpt.async_save(sd, step=1)  # no new region: staging copies into memory already touched
+        assert ckpt._buffer.path == region
+        ckpt.finalize_async_save(blocking=True)
+    assert committed_steps(tmp_path) == [1]

@@ -27,6 +27,7 @@ def test_exception_and_hang_restart_in_process_onto_the_same_curve(torchrun, tmp
     assert first == ["exception", "exception"], first
     assert second == ["hang", "hang"], second
     resumes = [e["step"] for e in events if e["kind"] == "resume" and e["rank"] == 0]
-    # Each restart resumes from the newest committed checkpoint (steps 3, 6, 9), or from scratch when the
-    # first commit has not landed yet (the writer process may still be starting on a busy machine).
-    assert resumes and set(resumes) <= {3, 6, 9} and resumes[-1] <= 9
+    # Each restart resumes from the newest committed checkpoint (steps 3, 6, 9), or from scratch when no
+    # commit has landed yet (saves are held, not waited for, while the writer process is still starting).
+    commits = {e["step"] for e in events if e["kind"] == "ckpt_commit"}
+    assert set(resumes) <= {3, 6, 9} & commits and commits >= {12}, (resumes, commits)

@@ -76,7 +76,7 @@ class Method:
         self.last = None
         if name.startswith("nvrx_"):
             from nvrx_lab.checkpoint import AsyncCheckpointer
-            self.ckpt = AsyncCheckpointer(root, keep_last=1)
+            self.ckpt = AsyncCheckpointer(root, keep_last=1).start()  # a job pays the start-up once
         if name.startswith("dcp.async_save"):
             from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
             self.kind = AsyncCheckpointerType.PROCESS if "process" in name else AsyncCheckpointerType.THREAD

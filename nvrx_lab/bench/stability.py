@@ -10,6 +10,9 @@ Each run gets a fresh folder (its own ``--ckpt-dir`` and ``--metrics``), a free 
 wait. A run *passes* when it exits 0, every scheduled fault fired (``fault`` events in its event
 stream) and the last ``step`` event reached ``--steps``. ``--load K`` keeps K busy loops running
 meanwhile (a shared, noisy machine). The folder of a failed run is kept; a passed one is removed.
+The table also shows the steps trained again after the faults (not judged): with a checkpoint every
+5 steps and faults at 12 and 25, a run that resumes from steps 10 and 20 redoes 5; one that never
+resumes redoes 35.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from pathlib import Path
 from nvrx_lab.bench._table import median, report
 from nvrx_lab.events import read_events
 from nvrx_lab.faults import parse_schedule
+from nvrx_lab.goodput import analyze
 from nvrx_lab.net import free_port_pair
 from nvrx_lab.runner import run
 
@@ -101,6 +105,9 @@ class Trial:
     """The run's folder, kept when it failed; empty: passed, folder removed."""
     tail: str
     """Last lines of the run's output."""
+    rollback_steps: int | None = None
+    """Steps trained again after the faults (:func:`nvrx_lab.goodput.analyze`): not judged, but a run that
+    never resumes from a checkpoint redoes everything since step 0."""
 
 
 def run_once(name: str, attempt: int, root: Path, timeout: float) -> Trial:
@@ -112,8 +119,9 @@ def run_once(name: str, attempt: int, root: Path, timeout: float) -> Trial:
     if reason is None:
         shutil.rmtree(workdir, ignore_errors=True)
     tail = "\n".join(res.output.rstrip().splitlines()[-15:])
+    rollback = sum(f.rollback_steps for f in analyze(events).faults) if events else None
     return Trial(name, attempt, res.returncode, round(res.wall_s, 2), reason, "" if reason is None else str(workdir),
-                 tail)
+                 tail, rollback)
 
 
 @contextlib.contextmanager
@@ -139,7 +147,8 @@ def summarize(trials: list[Trial], names: list[str]) -> list[dict]:
         passed = sum(t.reason is None for t in mine)
         rows.append({"command": name, "runs": len(mine), "passed": passed, "failed": len(mine) - passed,
                      "exit_codes": dict(sorted(Counter(t.exit for t in mine).items())),
-                     "median_wall_s": median([t.wall_s for t in mine])})
+                     "median_wall_s": median([t.wall_s for t in mine]),
+                     "median_rollback_steps": median([t.rollback_steps for t in mine if t.rollback_steps is not None])})
     return rows
 
 

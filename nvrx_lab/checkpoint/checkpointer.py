@@ -43,7 +43,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from . import commit as cm
 from .errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError, CheckpointWriteError, CheckpointWriterDied
 from .integrity import SafeLoadPlanner, SafeReader, read_metadata, verify
-from .planning import all_gather, broadcast, plan_save
+from .planning import all_gather, broadcast, local_tensors, plan_save
 from .shards import write_shards
 from .staging import StagingBuffer
 from .writer import WriterProcess
@@ -113,6 +113,15 @@ class AsyncCheckpointer:
             self._new_writer()
         if self._in_flight is None:
             self._writer.wait_ready(timeout)
+        return self
+
+    def prepare(self, state_dict: dict) -> "AsyncCheckpointer":
+        """Allocate and touch the staging memory for ``state_dict`` now (optional, local, no collective):
+        the first ``async_save`` then blocks no longer than the later ones."""
+        from .staging import plan_slots
+
+        if self._buffer.ensure(plan_slots(local_tensors(state_dict))[1]):
+            self._buffer.prefault()
         return self
 
     def async_save(self, state_dict: dict, step: int) -> None:

@@ -94,6 +94,15 @@ def plan_save(state_dict: dict, rank: int = 0, world: int = 1, group=None) -> Pl
     return PlannedSave(final, tensor_items, tensors, byte_items, metadata, save_id)
 
 
+def local_tensors(state_dict: dict) -> list:
+    """The tensors this rank's saves of ``state_dict`` stage, in plan order (local planning only: no
+    collective), for sizing the staging buffer ahead of the first save."""
+    planner = DefaultSavePlanner()
+    planner.set_up_planner(state_dict=state_dict, storage_meta=None, is_coordinator=False)
+    return [planner.resolve_data(item) for item in planner.create_local_plan().items
+            if item.type != WriteItemType.BYTE_IO]
+
+
 def broadcast(obj, group, world: int):
     """``obj`` of group rank 0 on every rank (identity in one process)."""
     if world == 1:

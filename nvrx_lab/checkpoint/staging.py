@@ -124,6 +124,14 @@ class StagingBuffer:
                             self.capacity, rc)
         return True
 
+    def prefault(self) -> None:
+        """Touch every page now (tmpfs allocates on first write): the first save then copies at the
+        speed of the later ones instead of paying ~65k page faults per 256 MiB."""
+        if self._mm is not None:
+            whole = torch.frombuffer(self._mm, dtype=torch.uint8)
+            whole.zero_()
+            del whole
+
     def stage(self, tensors: list[torch.Tensor]) -> list[Slot]:
         """Copy ``tensors`` (any device, stride, dtype) into the buffer; returns once the copies are done."""
         slots, total = plan_slots(tensors)

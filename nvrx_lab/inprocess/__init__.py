@@ -10,16 +10,17 @@ by a signal instead of waiting for the hard timeout.
 One concept a file: :mod:`.wrap` (the decorator and its settings), :mod:`.loop` (the attempt
 loop), :mod:`.call_wrapper`, :mod:`.store`, :mod:`.monitor` (thread), :mod:`.monitor_process`
 (hard timeout, death notice, store host), :mod:`.interrupt`, and the policies :mod:`.abort`,
-:mod:`.health_check`, :mod:`.rank_assignment`; :mod:`.restart_log`; :mod:`.spawn` (a local
+:mod:`.health_check`, :mod:`.rank_assignment`; :mod:`.teardown` (what an attempt's end
+releases, in which order); :mod:`.restart_log`; :mod:`.spawn` (a local
 launcher that lets survivors run); :mod:`.demo_worker` (a small wrapped training loop with
 scheduled faults: tests, reliability suite, notebook). Introduced in
 ``notebooks/02_in_process_restart.ipynb``.
 """
 
 from .abort import Abort, AbortCallback, AbortTorchDistributed
-from .call_wrapper import CallWrapper
+from .call_wrapper import CallWrapper, ConfigError
 from .compose import Compose
-from .health_check import CudaHealthCheck, FaultCounter, HealthCheck, HealthCheckError
+from .health_check import CudaHealthCheck, FaultCounter, HealthCheck, HealthCheckError, default_health_check
 from .interrupt import RankShouldRestart
 from .rank_assignment import FillGaps, RankAssignment, ShiftRanks
 from .restart_log import RestartLimitError, RestartRecord
@@ -27,8 +28,8 @@ from .state import State
 from .wrap import Wrapper
 
 __all__ = [
-    "Wrapper", "CallWrapper", "State", "RankShouldRestart", "RestartLimitError", "RestartRecord",
+    "Wrapper", "CallWrapper", "ConfigError", "State", "RankShouldRestart", "RestartLimitError", "RestartRecord",
     "Abort", "AbortTorchDistributed", "AbortCallback", "Compose",
-    "HealthCheck", "CudaHealthCheck", "FaultCounter", "HealthCheckError",
+    "HealthCheck", "CudaHealthCheck", "FaultCounter", "HealthCheckError", "default_health_check",
     "RankAssignment", "ShiftRanks", "FillGaps",
 ]

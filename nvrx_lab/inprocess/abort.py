@@ -27,11 +27,14 @@ class Abort(abc.ABC):
 
 
 class AbortTorchDistributed(Abort):
-    """Makes every pending collective of this attempt fail now.
+    """Makes every pending collective of this attempt fail now, NCCL first.
 
-    * gloo (and the attempt's store client): ``shutdown(SHUT_RDWR)`` of the sockets the attempt
-      opened (:class:`~.interrupt.SocketTracker`); peers blocked with us fail at once too.
-    * NCCL (when CUDA is available): ``ProcessGroupNCCL.abort()`` on every group's CUDA backend.
+    1. NCCL (when CUDA is available): ``ProcessGroupNCCL.abort()`` on every group's CUDA backend
+       (``ncclCommAbort``: kernels stop, the communicator and its proxy go away cleanly).
+    2. gloo (and the store client while the group initialises): ``shutdown(SHUT_RDWR)`` of the
+       sockets the attempt's gloo part opened (:class:`~.interrupt.SocketTracker`); peers blocked
+       with us fail at once too. NCCL's sockets are not among them, and the main thread, freed by
+       a gloo error, never races an NCCL abort still in progress into ``destroy_process_group``.
     """
 
     def __init__(self, sockets: SocketTracker | None = None):
@@ -39,15 +42,19 @@ class AbortTorchDistributed(Abort):
         """Set by the Wrapper to the attempt's tracker; ``None`` skips the gloo part."""
 
     def __call__(self, state: State) -> State:
-        if self.sockets is not None:
-            self.sockets.cut()
-        if torch.cuda.is_available() and dist.is_available() and dist.is_initialized():
+        try:
             abort_nccl()
+        finally:
+            if self.sockets is not None:
+                self.sockets.cut()
         return state
 
 
 def abort_nccl() -> int:
-    """``abort()`` the NCCL backend of every live process group; returns how many were aborted."""
+    """``abort()`` the NCCL backend of every live process group; returns how many were aborted
+    (0 without CUDA or without a group)."""
+    if not (torch.cuda.is_available() and dist.is_available() and dist.is_initialized()):
+        return 0
     n = 0
     for pg in list(dist.distributed_c10d._world.pg_map.keys()):
         try:

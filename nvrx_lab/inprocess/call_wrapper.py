@@ -17,6 +17,7 @@ import contextlib
 import time
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
 from .interrupt import RankShouldRestart, SocketTracker
@@ -25,17 +26,55 @@ from .monitor_process import Progress
 from .state import State
 
 
+class ConfigError(ValueError):
+    """A setting that cannot work on any attempt: raised at once, never retried."""
+
+
+def uses_nccl(backend, device_id) -> bool:
+    """Whether ``init_process_group(backend, device_id=...)`` would give the group an NCCL part."""
+    if backend is None:
+        return device_id is not None and torch.device(device_id).type == "cuda"
+    return "nccl" in str(backend).lower()
+
+
+def check_nccl_timeout(timeout_s: float, min_s: float | None) -> None:
+    """NCCL's watchdog ends the whole process once a collective outlives the group's timeout
+    (torch 2.13's default ``TORCH_NCCL_ASYNC_ERROR_HANDLING=3``): that must never come before the
+    in-process restart, whose last resort (the hard timeout) kills only the hung rank."""
+    if min_s is not None and timeout_s <= min_s:
+        raise ConfigError(
+            f"the NCCL collective timeout ({timeout_s:g} s) must exceed the Wrapper's hard_timeout "
+            f"(or soft_timeout when there is none: {min_s:g} s); NCCL's watchdog would otherwise end "
+            f"the process before the in-process restart does. Set Wrapper(pg_timeout=...) or pass "
+            f"timeout=... to call_wrapper.init_process_group, e.g. {min_s + 60:g} s")
+
+
+def connect_device(pg: dist.ProcessGroup, device: torch.device) -> None:
+    """Bind ``pg`` to ``device`` and connect its accelerator backend now (what torch does inside
+    ``init_process_group(device_id=...)``: NCCL's communicator is created eagerly, and later
+    ``new_group`` calls split it)."""
+    pg.bound_device_id = device
+    backend = pg._get_backend(device)
+    if backend.supports_splitting:
+        backend.eager_connect_single_device(device)
+
+
 class CallWrapper:
     def __init__(self, state: State, client: dist.Store, client_fds: set[int], monitor: MonitorThread,
                  sockets: SocketTracker, progress: Progress | None, pg_timeout: float,
-                 on_first_ping=None):
+                 on_first_ping=None, nccl_min_timeout: float | None = None):
         self.state = state
         self._client, self._client_fds = client, client_fds
         self._monitor, self._sockets, self._progress = monitor, sockets, progress
-        self._pg_timeout = pg_timeout
+        self._pg_timeout, self._nccl_min_timeout = pg_timeout, nccl_min_timeout
         self._on_first_ping = on_first_ping
         self.records: dict[str, float] = {}
         """Values the function reported with :meth:`record` (``reload_s`` goes into the restart log)."""
+
+    def close(self) -> None:
+        """The attempt is over: drop every reference to the wrapper's machinery (a function that
+        kept its ``call_wrapper`` keeps no store, thread or callback alive through it)."""
+        self._client = self._monitor = self._sockets = self._progress = self._on_first_ping = None
 
     # -- identity ------------------------------------------------------------------------------
     @property
@@ -60,29 +99,49 @@ class CallWrapper:
     @property
     def store(self) -> dist.Store:
         """A store for the function's own keys, namespaced to this attempt (``it/<n>/user/``)."""
+        if self._client is None:
+            raise RuntimeError(f"call_wrapper of attempt {self.iteration} used after its attempt ended")
         return dist.PrefixStore(f"it/{self.iteration}/user", self._client)
 
     # -- process group -------------------------------------------------------------------------
-    def init_process_group(self, backend: str = "gloo", timeout: float | timedelta | None = None,
+    def init_process_group(self, backend: str | None = "gloo", timeout: float | timedelta | None = None,
                            **kwargs) -> None:
         """``torch.distributed.init_process_group`` for this attempt: this attempt's rank and
-        world size, a fresh store prefix ``it/<n>/pg``, and sockets tracked so an abort can cut
-        them. Extra ``kwargs`` go to torch (e.g. ``device_id`` for NCCL)."""
+        world size, a fresh store prefix ``it/<n>/pg``, and the gloo part's sockets tracked so an
+        abort can cut them. Extra ``kwargs`` go to torch. With ``device_id`` (e.g.
+        ``backend="cpu:gloo,cuda:nccl", device_id=device``) the group is created first and its
+        NCCL part connected right after, outside the tracked window: NCCL's own sockets are never
+        cut (an abort aborts NCCL instead). An NCCL group's ``timeout`` must exceed the hard
+        timeout (:class:`ConfigError` otherwise)."""
         if self.rank is None:
             raise RuntimeError("a spare rank has no process group (call_wrapper.rank is None)")
+        if self._sockets is None:
+            raise RuntimeError(f"call_wrapper of attempt {self.iteration} used after its attempt ended")
         if dist.is_initialized():
             raise RuntimeError("a default process group already exists; create it only via call_wrapper")
         if timeout is None:
             timeout = self._pg_timeout
         if not isinstance(timeout, timedelta):
             timeout = timedelta(seconds=float(timeout))
+        device_id = kwargs.pop("device_id", None)
+        if isinstance(device_id, int):
+            device_id = torch.device("cuda", device_id)
+        if backend is None and device_id is not None:
+            backend = dist.Backend.default_device_backend_map.get(device_id.type)
+        if uses_nccl(backend, device_id):
+            check_nccl_timeout(timeout.total_seconds(), self._nccl_min_timeout)
         pg_store = dist.PrefixStore(f"it/{self.iteration}/pg", self._client)
         self._sockets.begin(init_only=self._client_fds)
         try:
-            dist.init_process_group(backend, store=pg_store, rank=self.rank, world_size=self.world_size,
-                                    timeout=timeout, **kwargs)
+            try:
+                dist.init_process_group(backend, store=pg_store, rank=self.rank, world_size=self.world_size,
+                                        timeout=timeout, **kwargs)
+            finally:
+                self._sockets.commit()
+            if device_id is not None:
+                connect_device(dist.group.WORLD, device_id)
         finally:
-            self._sockets.commit()
+            self._sockets.end_init()
         self._touch()
 
     # -- progress ------------------------------------------------------------------------------
@@ -94,6 +153,8 @@ class CallWrapper:
             cb(self)
 
     def _touch(self) -> None:
+        if self._monitor is None:
+            return  # a call_wrapper kept past its attempt
         self._monitor.last_ping = time.monotonic()
         if self._progress is not None:
             self._progress.write()
@@ -108,6 +169,8 @@ class CallWrapper:
         """A section a restart must not cut (e.g. the last write of a checkpoint): the monitor
         waits for it to end before it aborts; once an interrupt has begun, entering raises. A slow
         section is no hang: the soft timeout is suspended inside it (the hard timeout is not)."""
+        if self._monitor is None:
+            raise RuntimeError(f"call_wrapper of attempt {self.iteration} used after its attempt ended")
         with self._monitor.atomic_lock:
             if self._monitor.interrupting:
                 raise RankShouldRestart("attempt is being interrupted; atomic section not entered")

@@ -19,7 +19,12 @@ thread can sit, and what gets it out (measured on torch 2.13, CPU/gloo; see
   The sockets are the ones the attempt opened: :class:`SocketTracker` diffs ``/proc/self/fd``
   around ``init_process_group``; while the group initialises, the store client its rendezvous
   uses is cut too (and replaced afterwards), so a rendezvous blocked on a dead peer ends as well.
-* **An NCCL collective** — ``ProcessGroupNCCL.abort()`` (in :mod:`.abort`), guarded by CUDA.
+* **An NCCL collective** — ``ProcessGroupNCCL.abort()`` (in :mod:`.abort`), guarded by CUDA,
+  always *before* the cut. NCCL's own bootstrap and proxy sockets are never tracked: shutting
+  them down under a live communicator breaks NCCL instead of aborting it. So the NCCL part of a
+  ``cpu:gloo,cuda:nccl`` group is connected only after the tracked window closes
+  (:meth:`~.call_wrapper.CallWrapper.init_process_group`: ``commit()`` before the eager connect,
+  ``end_init()`` after it, so the store client it reads NCCL's unique id from stays cuttable).
 
 What none of these reach (a native loop that blocks signals, a hung CUDA kernel) is left to the
 hard timeout of :mod:`.monitor_process`.
@@ -113,10 +118,12 @@ def shutdown_connected(fds: Iterable[int]) -> int:
 class SocketTracker:
     """Remembers which sockets the current attempt opened, so an abort can cut exactly those.
 
-    ``begin()`` snapshots the sockets before the attempt's store client and process group exist;
-    ``commit()`` (after ``init_process_group``) fixes the set; ``cut()`` from any thread shuts the
-    attempt's connected sockets down — during initialisation it uses "everything opened since
-    ``begin()``".
+    ``begin()`` snapshots the sockets before the attempt's process group exists; ``commit()``
+    (right after the group's gloo part is connected) fixes the set: sockets opened later (NCCL's)
+    are never cut. ``end_init()`` closes the initialisation: until then the ``init_only``
+    sockets (the store client a rendezvous reads from) are cut too. ``cut()`` from any thread
+    shuts the attempt's connected sockets down — before ``commit()`` it uses "everything opened
+    since ``begin()``".
     """
 
     def __init__(self):
@@ -130,23 +137,41 @@ class SocketTracker:
 
     def begin(self, init_only: set[int] | None = None) -> None:
         """Start tracking; ``init_only`` (e.g. the long-lived store client the group rendezvous
-        uses) is cut too, but only while the group is initialising."""
+        uses) is cut too, but only until :meth:`end_init`."""
         with self._lock:
             self._before = socket_fds()
             self._init_only = set(init_only or ())
             self._initializing = True
 
     def commit(self) -> None:
+        """Fix the tracked set: what was opened since :meth:`begin`; nothing opened later."""
         with self._lock:
-            if self._before is not None:
-                self._owned |= socket_fds() - self._before
+            self._commit()
+
+    def end_init(self) -> None:
+        """The group is fully initialised: the ``init_only`` sockets are no longer cut."""
+        with self._lock:
+            self._commit()
             self._initializing = False
+
+    def _commit(self) -> None:
+        if self._before is not None:
+            self._owned |= socket_fds() - self._before
+            self._before = None
+
+    @property
+    def owned(self) -> set[int]:
+        """The fds a cut reaches after initialisation (for tests and diagnostics)."""
+        with self._lock:
+            return set(self._owned)
 
     def cut(self) -> int:
         with self._lock:
             fds = set(self._owned)
-            if self._initializing and self._before is not None:
-                fds |= (socket_fds() - self._before) | self._init_only
+            if self._before is not None:
+                fds |= socket_fds() - self._before
+            if self._initializing:
+                fds |= self._init_only
                 self.cut_init_only = self.cut_init_only or bool(self._init_only)
             return shutdown_connected(fds)
 

@@ -8,9 +8,10 @@ What :class:`~.wrap.Wrapper` runs on every rank, top to bottom::
     rendezvous 0: all ranks meet, ranks assigned
     loop:
         attempt n: fn(call_wrapper)             <- a fault anywhere ends it on every rank
-        if every active rank returned: done
+        if every active rank returned: drain and destroy the group; done
         teardown (destroy the group)   -> abort_s
-        health checks                  -> health_s
+        health checks (the exception, detached from its frames) -> health_s
+        release the attempt's memory: gc until nothing is left, then the CUDA cache (teardown.py)
         limits (max_iterations)
         rendezvous n+1 without the dead -> rendezvous_s, new ranks (min_world_size)
         restart record emitted at the next attempt's first ping (reload_s, back_s)
@@ -24,8 +25,8 @@ import time
 
 import torch.distributed as dist
 
-from . import monitor_process
-from .call_wrapper import CallWrapper
+from . import monitor_process, teardown
+from .call_wrapper import CallWrapper, ConfigError
 from .health_check import HealthCheckError
 from .interrupt import MainThreadInterrupter, RankShouldRestart, SocketTracker, socket_fds
 from .monitor import MonitorThread
@@ -94,14 +95,15 @@ class RestartLoop:
         while True:
             active = sorted(r for r, k in assignment.items() if k is not None)
             state = State(me, self.ws, iteration, assignment[me], len(active), tuple(sorted(assignment)), assignment)
-            outcome, value, own_exc, t_stop, cw = self._attempt(state, pending, args, kwargs)
+            outcome, value, own_exc, t_stop, records = self._attempt(state, pending, args, kwargs)
             if pending is not None and id(pending) not in self._emitted:
-                self._emit(pending, cw)  # the attempt ended before its first ping
+                self._emit(pending, records)  # the attempt ended before its first ping
             if outcome == "ok":
+                self._finish(iteration)
                 return value
             t0 = time.monotonic()
             self.monitor.disarm()
-            self._teardown(cw)
+            self._teardown()
             abort_s = time.monotonic() - t0
             record = self._record(iteration, t_stop)
             record.abort_s = abort_s
@@ -114,6 +116,12 @@ class RestartLoop:
                 detail = f"health check failed: {type(e).__name__}: {e}"
                 self.store.announce_death(me, "unhealthy", detail, time.time())
                 raise HealthCheckError(f"rank {me} leaves the job: {detail}") from e
+            # the failed attempt goes now (own_exc was detached from its frames; its own attributes
+            # may hold data too), and the cache only after the health check's bounded synchronize
+            own = own_exc = None
+            teardown.collect_garbage()
+            teardown.release_cuda_cache()
+            record.cuda_peak_bytes, record.cuda_left_bytes = teardown.cuda_memory()
             record.health_s = time.monotonic() - t0
             self.history.append(record)
             if cfg.max_iterations is not None and iteration + 1 >= cfg.max_iterations:
@@ -138,11 +146,19 @@ class RestartLoop:
         # init_process_group wraps sys.excepthook (a rank prefix) and nothing unwraps it: without
         # this, every restart adds a wrapper (one '[rankN]: ' more on every error line)
         sys.excepthook = self.excepthook
-        on_first = (lambda cw: self._emit(pending, cw)) if pending is not None else None
+        on_first = (lambda cw: self._emit(pending, cw.records)) if pending is not None else None
         cw = CallWrapper(state, self.pg_client, self.pg_client_fds, self.monitor, self.sockets, self.progress,
-                         self.cfg.pg_timeout, on_first)
+                         self.cfg.pg_timeout, on_first, nccl_min_timeout=self.cfg.nccl_min_timeout)
         active = [r for r, k in state.assignment.items() if k is not None]
         self.monitor.arm(state)
+        try:
+            return self._run_attempt(state, cw, active, args, kwargs)
+        finally:
+            cw.close()
+
+    def _run_attempt(self, state: State, cw: CallWrapper, active: list[int], args, kwargs):
+        """-> (outcome, value, own exception detached from its frames, t_stop, the attempt's records)."""
+        n, me = state.iteration, self.me
         try:
             try:
                 self.interrupter.armed = True
@@ -158,10 +174,13 @@ class RestartLoop:
                           self.cfg.barrier_timeout, f"all ranks to finish attempt {n}", on_poll=self.progress.write)
             if result == "done":
                 self.monitor.disarm()
-                return "ok", value, None, time.time(), cw
-            return "fault", None, None, time.time(), cw
-        except RankShouldRestart:
-            return "fault", None, None, time.time(), cw
+                return "ok", value, None, time.time(), dict(cw.records)
+            return "fault", None, None, time.time(), dict(cw.records)
+        except RankShouldRestart as e:
+            teardown.detach_exception(e)
+            return "fault", None, None, time.time(), dict(cw.records)
+        except ConfigError:
+            raise  # the same on every attempt: no restart mends it
         except Exception as e:
             t = time.time()
             self.store.report_fault(n, me, "exception", f"{type(e).__name__}: {e}", t)
@@ -169,7 +188,8 @@ class RestartLoop:
                 self.abort(state)  # cut our sockets: peers blocked with us fail now, not at a timeout
             except Exception:
                 pass
-            return "fault", None, e, t, cw
+            # the health check gets the exception, not its frames (the failed attempt's locals)
+            return "fault", None, teardown.detach_exception(e), t, dict(cw.records)
 
     def _spare_wait(self, state: State, cw: CallWrapper, active: list[int]):
         """A spare waits for the attempt to end: a fault (it may step in) or completion."""
@@ -177,9 +197,16 @@ class RestartLoop:
              float("inf"), "the attempt to end", interval=0.01, on_poll=cw.ping)
         return None
 
-    def _teardown(self, cw: CallWrapper) -> None:
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
+    def _finish(self, iteration: int) -> None:
+        """Every rank is done: no collective of the attempt may still be in flight at exit."""
+        error = teardown.drain_and_destroy(self.cfg.barrier_timeout)
+        if error is not None:
+            print(f"[in-process rank {self.me}] attempt {iteration} finished, but draining its process group "
+                  f"failed (destroyed anyway): {error}", file=sys.stderr, flush=True)
+        self.sockets.reset()
+
+    def _teardown(self) -> None:
+        teardown.destroy_group()
         if self.sockets.cut_init_only:  # an abort cut the group's store client mid-rendezvous
             self.sockets.cut_init_only = False
             self._new_pg_client()
@@ -243,13 +270,13 @@ class RestartLoop:
         record.reports = [(f["cause"], f["rank"]) for f in faults]
         return record
 
-    def _emit(self, record: RestartRecord, cw: CallWrapper) -> None:
+    def _emit(self, record: RestartRecord, records: dict) -> None:
         if id(record) in self._emitted:
             return
         self._emitted.add(id(record))
         if record.t_fault is not None:
             record.back_s = time.time() - record.t_fault
-        record.reload_s = cw.records.get("reload_s")
+        record.reload_s = records.get("reload_s")
         self.emit("restart", **{**record.fields(), "rank": self.me})
 
     def _shutdown(self) -> None:

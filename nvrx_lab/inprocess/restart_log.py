@@ -59,6 +59,10 @@ class RestartRecord:
     """This process's rank in the next attempt (``None``: spare)."""
     reports: list = field(default_factory=list)
     """Every fault report of the attempt (cause, rank), root cause first."""
+    cuda_peak_bytes: int | None = None
+    """Peak CUDA memory this rank allocated during the attempt that ended (``None`` without CUDA)."""
+    cuda_left_bytes: int | None = None
+    """CUDA memory still allocated once that attempt was released: what the next one starts with."""
 
     def fields(self) -> dict:
         return dataclasses.asdict(self)

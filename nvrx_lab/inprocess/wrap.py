@@ -80,11 +80,16 @@ class Wrapper:
     barrier_timeout: float = 120.0
     """Bound (s) on every wait in the store: rendezvous, completion."""
     pg_timeout: float = 300.0
-    """Default collective timeout (s) for ``call_wrapper.init_process_group``."""
+    """Default collective timeout (s) for ``call_wrapper.init_process_group``. For a group with an
+    NCCL part it must exceed ``hard_timeout`` (``soft_timeout`` without one): NCCL's watchdog ends
+    the whole process when a collective times out, before any in-process restart. A short value
+    is fine for gloo (its sockets are cut on an abort anyway)."""
     rank_assignment: RankAssignment = field(default_factory=ShiftRanks)
     """Maps survivors to new ranks: :class:`ShiftRanks` or :class:`FillGaps` (with ``spares``)."""
     health_check: Callable | None = None
-    """``check(state)`` run after every abort; raising makes this rank leave (see health_check.py)."""
+    """``check(state)`` run after every abort; raising makes this rank leave (see health_check.py).
+    On GPUs pass ``default_health_check(device)``: a poisoned CUDA context then leaves at once
+    instead of failing every attempt up to ``max_iterations``."""
     abort: Callable = field(default_factory=AbortTorchDistributed)
     """``abort(state)`` run by the monitor thread to unblock collectives (see abort.py)."""
     emit: Callable | None = None
@@ -108,6 +113,11 @@ class Wrapper:
         if self.store_port is not None and not 0 < int(self.store_port) < 65536:
             raise ValueError(f"Wrapper.store_port must be a TCP port (1..65535), got {self.store_port}")
 
+    @property
+    def nccl_min_timeout(self) -> float:
+        """An NCCL group's collective timeout must exceed this (see ``pg_timeout``)."""
+        return self.hard_timeout if self.hard_timeout is not None else self.soft_timeout
+
     def bind_abort(self, sockets: SocketTracker) -> Callable:
         """Give every :class:`AbortTorchDistributed` in ``abort`` the attempt's socket tracker."""
         policies = self.abort.policies if isinstance(self.abort, Compose) else (self.abort,)
@@ -122,6 +132,3 @@ class Wrapper:
             return RestartLoop(self, fn).run(args, kwargs)
 
         return wrapped
-
-
-

@@ -9,9 +9,10 @@ Each step: an all-reduce over gloo, ``--step-time`` of sleep, a heartbeat and a 
 (every rank) on ``--metrics``. Faults are deterministic: ``--fault KIND`` hits ``--fault-rank`` at
 ``--fault-step`` on each attempt whose ``TORCHELASTIC_RESTART_COUNT`` is in ``--fault-restarts``
 (``0``, ``0-9``, ``0,2``). Kinds: ``kill`` (SIGKILL itself), ``hang`` (sleeps forever, no heartbeats),
-``exit`` (exit code ``--exit-code``, 3 by default), ``slow`` (a legitimate ``--slow-s`` pause, inside section ``--section`` if
-given). ``--on-peer-loss continue`` stands in for the in-process wrapper under ``min-healthy``: a
-rank whose peer died drops the process group and trains on alone.
+``exit`` (exit code ``--exit-code``, 3 by default; 2 reads as a usage error and is not restarted),
+``slow`` (a legitimate ``--slow-s`` pause, inside section ``--section`` if given). ``--on-peer-loss
+continue`` stands in for the in-process wrapper under ``min-healthy``: a rank whose peer died drops
+the process group and trains on alone.
 """
 
 from __future__ import annotations

@@ -111,12 +111,19 @@ def check_run(row: Row, name: str, cmd: list[str], work: Path, expect_faults: in
         thread.join(5)
     events = read_events(work / "m.jsonl") if (work / "m.jsonl").exists() else []
     fired = [e for e in events if e["kind"] == "fault"]
-    why = (f"exit code {res.returncode}: {res.output[-600:]}" if res.returncode != 0 else
+    why = (f"exit code {res.returncode}: {_failure_lines(res.output)}" if res.returncode != 0 else
            f"{len(fired)} faults fired, expected {expect_faults}" if len(fired) != expect_faults else
            f"no fault fired in phase {expect_phase}" if expect_phase not in {e.get("phase") for e in fired} else
            curve_problem(events, STEPS) or resume_problem(events))
     row.check(why is None, f"{name}: {why}")
     row.figures.setdefault("wall_s", {})[name] = round(res.wall_s, 1)
+
+
+def _failure_lines(output: str) -> str:
+    """What a failed run said about why: exit codes, errors and faults, not torchrun's banner."""
+    keys = ("exitcode", "Error", "error:", "FAULT", "RESTART", "terminate", "Traceback")
+    lines = [ln.strip() for ln in output.splitlines() if any(k in ln for k in keys)]
+    return " | ".join(lines[-12:]) or output[-600:]
 
 
 def _trial_dir(work: Path, phase: str, mode: str) -> Path:

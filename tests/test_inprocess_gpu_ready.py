@@ -1,0 +1,265 @@
+"""In-process restart, ready for GPUs (issue 17): what the CPU can show of it.
+
+* a failed attempt is freed before the next one (its exception keeps no frames; cycles collected);
+* an NCCL group's timeout must exceed the hard timeout, and that error is never retried;
+* an abort aborts NCCL before it cuts sockets, and cuts only the gloo part's sockets;
+* ``default_health_check``: CudaHealthCheck on GPUs, none on CPU; a failing check makes a rank leave;
+* a successful run drains and destroys its process group before the process exits;
+* ``python -m nvrx_lab.gpucheck`` refuses to run without a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from nvrx_lab.inprocess import (AbortTorchDistributed, ConfigError, CudaHealthCheck, HealthCheckError, State,
+                                Wrapper, abort, default_health_check, teardown)
+from nvrx_lab.inprocess.call_wrapper import CallWrapper, uses_nccl
+from nvrx_lab.inprocess.interrupt import SocketTracker
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKERS = ROOT / "tests" / "workers"
+
+
+def spawn(script: Path, nproc: int, *args: str, timeout: float = 60.0) -> tuple[int | None, str, dict]:
+    """Run ``nproc`` ranks of a worker with the survivors-keep-running launcher; returns
+    (exit status, output, {rank: [JSON lines]})."""
+    cmd = [sys.executable, "-m", "nvrx_lab.inprocess.spawn", "--nproc", str(nproc), "--timeout", str(timeout),
+           "--", sys.executable, str(script), *args]
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                          timeout=timeout + 20)
+    lines: dict[int, list[dict]] = {}
+    for ln in proc.stdout.splitlines():
+        if ln.startswith('{"rank"'):
+            row = json.loads(ln)
+            lines.setdefault(row["rank"], []).append(row)
+    return proc.returncode, proc.stdout, lines
+
+
+class FakeMonitor:
+    last_ping = 0.0
+
+
+def call_wrapper(min_timeout: float | None = 60.0, pg_timeout: float = 300.0) -> CallWrapper:
+    return CallWrapper(State(0, 1, 0, 0, 1, (0,), {0: 0}), None, set(), FakeMonitor(), SocketTracker(), None,
+                       pg_timeout, nccl_min_timeout=min_timeout)
+
+
+# -- item 1 and 5: a two-attempt job (2 ranks) -----------------------------------------------------
+@pytest.fixture(scope="module")
+def two_attempts():
+    """Rank 1 raises in attempt 0 (its traceback holds a model with reference cycles), rank 0 is
+    interrupted in an all_reduce; attempt 1 ends with 2000 asynchronous all_reduces in flight."""
+    return spawn(WORKERS / "inprocess_attempts.py", 2, "--tail-ops", "2000", timeout=90)
+
+
+@pytest.mark.timeout(120)
+def test_failed_attempt_memory_is_freed_before_the_next_attempt(two_attempts):
+    rc, out, rows = two_attempts
+    for rank in (0, 1):
+        (start,) = [r for r in rows.get(rank, []) if "alive" in r] or [None]
+        assert start is not None, out[-4000:]
+        # the rank that raised (1) kept its exception for the health check; both had cycles to collect
+        assert start["iteration"] == 1 and start["alive"] == [], (rank, start)
+
+
+@pytest.mark.timeout(120)
+def test_successful_run_drains_and_destroys_its_group_before_exit(two_attempts):
+    """torch 2.13: exiting with gloo work in flight aborts the process ("terminate called without an
+    active exception") in a good share of runs; the wrapper now drains and destroys the group."""
+    rc, out, rows = two_attempts
+    assert rc == 0 and "killed by" not in out and "terminate called" not in out, out[-4000:]
+    for rank in (0, 1):
+        (end,) = [r for r in rows[rank] if "pg_initialized" in r]
+        assert end["pg_initialized"] is False and end["result"] == {"iteration": 1, "world_size": 2}, end
+
+
+def test_detach_exception_keeps_the_message_and_drops_every_frame():
+    import weakref
+
+    class Big:
+        pass
+
+    refs = []
+
+    def inner(big):
+        try:
+            raise KeyError("first")
+        except KeyError as e:
+            raise RuntimeError("second") from e
+
+    def attempt():
+        big = Big()
+        big.me = big  # a cycle
+        refs.append(weakref.ref(big))
+        inner(big)
+
+    try:
+        attempt()
+    except RuntimeError as e:
+        exc = teardown.detach_exception(e)
+    assert str(exc) == "second" and str(exc.__cause__) == "'first'"
+    assert exc.__traceback__ is None and exc.__cause__.__traceback__ is None
+    teardown.collect_garbage()
+    assert refs[0]() is None
+
+
+# -- item 2: NCCL timeout vs hard timeout ----------------------------------------------------------
+def test_nccl_group_timeout_must_exceed_the_hard_timeout():
+    assert Wrapper(soft_timeout=30, hard_timeout=60).nccl_min_timeout == 60
+    assert Wrapper(soft_timeout=30, hard_timeout=None).nccl_min_timeout == 30
+    assert uses_nccl("cpu:gloo,cuda:nccl", None) and uses_nccl(None, torch.device("cuda", 0))
+    assert not uses_nccl("gloo", torch.device("cuda", 0)) and not uses_nccl(None, None)
+    # raised before torch is called (this CPU build has no NCCL at all)
+    with pytest.raises(ConfigError, match=r"NCCL collective timeout \(60 s\) must exceed .*hard_timeout"):
+        call_wrapper(min_timeout=60).init_process_group("cpu:gloo,cuda:nccl", timeout=60)
+    with pytest.raises(ConfigError, match="pg_timeout"):
+        call_wrapper(min_timeout=60, pg_timeout=45).init_process_group(None, device_id=torch.device("cuda", 0))
+
+
+@pytest.mark.timeout(60)
+def test_a_config_error_is_raised_at_once_not_retried(tmp_path, port):
+    script = tmp_path / "w.py"
+    script.write_text(
+        "from nvrx_lab.inprocess import Wrapper, ConfigError\n"
+        "calls = []\n"
+        "@Wrapper(soft_timeout=5, hard_timeout=10, pg_timeout=8, max_iterations=5, barrier_timeout=20)\n"
+        "def fn(cw):\n"
+        "    calls.append(cw.iteration)\n"
+        "    cw.init_process_group('cpu:gloo,cuda:nccl')\n"
+        "try:\n"
+        "    fn()\n"
+        "except ConfigError as e:\n"
+        "    print('CONFIG', calls, e)\n")
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    res = subprocess.run([sys.executable, str(script)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=50)
+    assert "CONFIG [0] the NCCL collective timeout (8 s)" in res.stdout, res.stdout + res.stderr
+
+
+# -- item 3: abort order and which sockets are cut -------------------------------------------------
+def test_abort_aborts_nccl_before_cutting_sockets(monkeypatch):
+    order = []
+
+    class Sockets:
+        def cut(self):
+            order.append("cut")
+
+    monkeypatch.setattr(abort, "abort_nccl", lambda: order.append("nccl") or 1)
+    AbortTorchDistributed(Sockets())(State(0, 1))
+    assert order == ["nccl", "cut"]
+
+    def failing():
+        order.append("nccl failed")
+        raise RuntimeError("ncclCommAbort failed")
+
+    order.clear()
+    monkeypatch.setattr(abort, "abort_nccl", failing)
+    with pytest.raises(RuntimeError):
+        AbortTorchDistributed(Sockets())(State(0, 1))
+    assert order == ["nccl failed", "cut"]  # the gloo side is unblocked all the same
+
+
+@pytest.mark.timeout(60)
+def test_gloo_sockets_are_tracked_and_the_nccl_connect_is_not():
+    rc, out, rows = spawn(WORKERS / "inprocess_fds.py", 2, timeout=50)
+    assert sorted(rows) == [0, 1], out[-4000:]
+    for rank, (row,) in rows.items():
+        assert row["gloo_tracked"] >= 1, row  # the pair to the other rank
+        assert row["fake_tracked"] == 0 and row["store_tracked"] == 0, row
+        assert row["fake_alive_after_cut"] is True, row
+        assert row["gloo_error_after_cut"], row
+
+
+def test_socket_tracker_cuts_the_store_client_only_while_initialising():
+    import socket
+
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname())
+    peer, _ = server.accept()
+    try:
+        tracker = SocketTracker()
+        tracker.begin(init_only={client.fileno()})
+        tracker.commit()
+        tracker.end_init()
+        assert tracker.cut() == 0 and not tracker.cut_init_only  # after initialisation: left alone
+        tracker.reset()
+        tracker.begin(init_only={client.fileno()})
+        tracker.commit()  # the NCCL part connects here: the store client must still be cuttable
+        assert tracker.cut() == 1 and tracker.cut_init_only
+    finally:
+        for s in (client, peer, server):
+            s.close()
+
+
+# -- item 4: health checks -------------------------------------------------------------------------
+def test_default_health_check_is_cuda_only():
+    check = default_health_check(torch.device("cuda", 3))
+    assert isinstance(check, CudaHealthCheck) and check.device == torch.device("cuda", 3)
+    assert default_health_check("cuda:0").device == torch.device("cuda", 0)
+    assert default_health_check(torch.device("cpu")) is None and default_health_check(None) is None
+    assert CudaHealthCheck()(State(0, 1)) == State(0, 1)  # no CUDA here: a no-op
+
+
+def test_cuda_health_check_fails_on_a_sticky_error_and_on_a_hang(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+
+    def sticky(device=None):
+        raise RuntimeError("CUDA error: device-side assert triggered")
+
+    monkeypatch.setattr(torch.cuda, "synchronize", sticky)
+    with pytest.raises(HealthCheckError, match="device-side assert"):
+        CudaHealthCheck(torch.device("cuda", 0))(State(0, 1))
+    release = threading.Event()
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: release.wait(10))
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(HealthCheckError, match="did not return within 0.3 s"):
+            CudaHealthCheck(torch.device("cuda", 0), timeout=0.3)(State(0, 1))
+    finally:
+        release.set()
+    assert time.monotonic() - t0 < 5
+
+
+@pytest.mark.timeout(90)
+def test_failing_health_check_makes_the_rank_leave_not_retry():
+    """Rank 1 raises in attempt 0 and its health check fails: it leaves at once (one attempt), and
+    rank 0 finishes attempt 1 alone."""
+    rc, out, rows = spawn(WORKERS / "inprocess_attempts.py", 2, "--unhealthy-rank", "1", timeout=80)
+    assert [r for r in rows.get(1, []) if "left" in r], out[-4000:]
+    assert not [r for r in rows[1] if "alive" in r], rows[1]  # never entered attempt 1
+    assert "health check failed: RuntimeError: fake: device unhealthy" in rows[1][-1]["left"]
+    (end,) = [r for r in rows[0] if "pg_initialized" in r]
+    assert end["result"] == {"iteration": 1, "world_size": 1}, end
+
+
+# -- item 5 (unit) and item 6 ------------------------------------------------------------------------
+def test_barrier_devices_one_per_backend(monkeypatch):
+    class PG:
+        bound_device_id = torch.device("cuda", 2)
+
+    configs = {"cpu:gloo,cuda:nccl": [torch.device("cpu"), torch.device("cuda", 2)],
+               "cpu:gloo,cuda:gloo": [torch.device("cpu")], "cuda:nccl": [torch.device("cuda", 2)]}
+    for config, expected in configs.items():
+        monkeypatch.setattr(teardown.dist, "get_backend_config", lambda pg, c=config: c)
+        assert teardown.barrier_devices(PG()) == expected, config
+    PG.bound_device_id = None  # an NCCL part never bound was never connected: no barrier there
+    monkeypatch.setattr(teardown.dist, "get_backend_config", lambda pg: "cpu:gloo,cuda:nccl")
+    assert teardown.barrier_devices(PG()) == [torch.device("cpu")]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_gpucheck_exits_2_without_cuda():
+    res = subprocess.run([sys.executable, "-m", "nvrx_lab.gpucheck"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "no CUDA device" in res.stderr
