@@ -313,7 +313,7 @@ class AsyncCheckpointer:
     def _new_writer(self) -> None:
         if self._writer is not None:
             self._writer.close()
-        self._buffer.release()  # the old region's name is gone; the new writer maps a new one
+            self._buffer.release()  # the old writer removed the region's name; the new writer maps a new one
         self._writer = WriterProcess(self.rank)
 
     def _supersede(self, unsent: dict, step: int) -> None:
