@@ -57,7 +57,7 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type) -> None:
         if typing.get_origin(kind) is Literal:
             kwargs.update(choices=typing.get_args(kind), type=type(typing.get_args(kind)[0]))
         elif kind is bool:
-            kwargs.update(type=_bool, metavar="{true,false}")
+            kwargs.update(type=_bool, nargs="?", const=True, metavar="{true,false}")  # a bare --flag is true
         else:
             kwargs["type"] = kind
         help_text = docs.get(f.name, "")

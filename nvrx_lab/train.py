@@ -91,6 +91,9 @@ class TrainConfig:
     """Folder of the checkpoints (shared by all ranks); a run resumes from its newest committed checkpoint."""
     ckpt_keep: int = 3
     """Committed checkpoints to keep."""
+    ckpt_wait_writer: bool = False
+    """Async: wait for the writer process (~2 s to import torch) before the first step. Without it no save
+    ever waits; one taken while the writer starts is held, and a newer one replaces it."""
     ckpt_write_bandwidth: float = 0.0
     """Cap on each rank's write speed in bytes/s, a stand-in for a loaded shared filesystem (0 = no cap)."""
     restart: Literal["none", "inprocess", "launcher", "launcher+inprocess"] = "none"
@@ -200,6 +203,13 @@ def train(cfg: TrainConfig, ctx: DistContext, events: EventLog, checkpointer=Non
         if on_resume is not None:
             on_resume(load_s)
         progress()
+    if checkpointer is not None and cfg.ckpt == "async" and cfg.ckpt_wait_writer:
+        for _ in range(240):  # <= 120 s; waiting is progress, not a hang
+            try:
+                checkpointer.start(timeout=0.5)
+                break
+            except TimeoutError:
+                progress()
     tokens_per_step = cfg.global_batch * cfg.seq_len
     losses: list[float] = []
     while state.step < cfg.steps:

@@ -13,7 +13,7 @@ from nvrx_lab.events import read_events
 def test_exception_and_hang_restart_in_process_onto_the_same_curve(torchrun, tmp_path):
     metrics = tmp_path / "m.jsonl"
     res = torchrun(2, "-m", "nvrx_lab.train", "--restart", "inprocess", "--soft-timeout", "3", "--hard-timeout", "30",
-                   "--ckpt", "async", "--ckpt-dir", str(tmp_path / "ckpt"), "--ckpt-interval", "3", "--steps", "14",
+                   "--ckpt", "async", "--ckpt-dir", str(tmp_path / "ckpt"), "--ckpt-interval", "3", "--ckpt-wait-writer", "--steps", "14",
                    "--faults", "1:7:exception,1:11:hang", "--metrics", str(metrics), "--log-every", "0",
                    "--global-batch", "4", "--seq-len", "32", timeout=130)
     assert res.returncode == 0, res.stdout[-4000:]
@@ -27,7 +27,7 @@ def test_exception_and_hang_restart_in_process_onto_the_same_curve(torchrun, tmp
     assert first == ["exception", "exception"], first
     assert second == ["hang", "hang"], second
     resumes = [e["step"] for e in events if e["kind"] == "resume" and e["rank"] == 0]
-    # Each restart resumes from the newest committed checkpoint (steps 3, 6, 9), or from scratch when no
-    # commit has landed yet (saves are held, not waited for, while the writer process is still starting).
+    # Each restart resumes from the newest committed checkpoint (steps 3, 6, 9); --ckpt-wait-writer: the
+    # writer is up before step 1, so the step-3 save is written, not held.
     commits = {e["step"] for e in events if e["kind"] == "ckpt_commit"}
-    assert set(resumes) <= {3, 6, 9} & commits and commits >= {12}, (resumes, commits)
+    assert resumes and set(resumes) <= {3, 6, 9} & commits and commits >= {12}, (resumes, commits)

@@ -35,7 +35,7 @@ from nvrx_lab.reliability import Row, timed
 from nvrx_lab.runner import run
 
 STEPS = 12
-TRAIN = ["--ckpt", "async", "--ckpt-interval", "3", "--steps", str(STEPS), "--log-every", "0",
+TRAIN = ["--ckpt", "async", "--ckpt-wait-writer", "--ckpt-interval", "3", "--steps", str(STEPS), "--log-every", "0",
          "--global-batch", "4", "--seq-len", "32"]
 SLOW_WRITES = ["--ckpt-write-bandwidth", str(8 << 20)]
 
