@@ -56,6 +56,13 @@ def tail(text: str, n: int = 2500) -> str:
     return text[-n:].strip()
 
 
+def hint(output: str) -> str:
+    """A known cause of a failed trainer run, in words."""
+    if "CUBLAS_WORKSPACE_CONFIG" in output:
+        return " (deterministic cuBLAS: the trainer must set CUBLAS_WORKSPACE_CONFIG=:4096:8 before CUDA starts)"
+    return ""
+
+
 # -- a. async checkpoint of mixed state ----------------------------------------------------------------
 def mixed_state(total_bytes: int, device: torch.device) -> tuple[dict, dict]:
     """(state, owners): the state to save, and the tensors behind its views (to mutate them)."""
@@ -145,14 +152,14 @@ def check_resume(work: Path, device: str, model: list[str], timeout: float) -> R
         res = run([sys.executable, *trainer_args(*common, *extra)], timeout)
         walls.append(res.wall_s)
         if res.returncode != 0:
-            hint = " (the trainer must set CUBLAS_WORKSPACE_CONFIG=:4096:8)" if "CUBLAS_WORKSPACE_CONFIG" in res.output else ""
-            return Result("b. resume", False, detail=f"run '{name}' exited {res.returncode}{hint}",
+            return Result("b. resume", False, detail=f"run '{name}' exited {res.returncode}{hint(res.output)}",
                           lines=[tail(res.output)])
     straight, resumed = losses(work / "b1.jsonl"), losses(work / "b2.jsonl")
     resumes = [e["step"] for e in read_events(work / "b2.jsonl", "resume")]
     differ = [s for s in range(1, 31) if straight.get(s) != resumed.get(s)]
     figures = f"resumed from {resumes}; runs {', '.join(f'{w:.0f}' for w in walls)} s"
-    detail = "" if not differ else f"steps differ: {differ[:5]} e.g. {straight.get(differ[0])} vs {resumed.get(differ[0])}"
+    detail = "" if not differ else (f"steps differ: {differ[:5]}, e.g. step {differ[0]}: "
+                                    f"{straight.get(differ[0])} vs {resumed.get(differ[0])}")
     return Result("b. resume", not differ and resumes == [20], figures, detail)
 
 
@@ -165,7 +172,8 @@ def check_inprocess_memory(work: Path, device: str, model: list[str], timeout: f
     restarts = sorted(read_events(metrics, "restart"), key=lambda e: e["iteration"])
     if res.returncode != 0 or [e["cause"] for e in restarts] != ["exception", "hang"]:
         return Result("c. in-process memory", False, detail=f"exit {res.returncode}, restarts "
-                      f"{[(e['iteration'], e['cause']) for e in restarts]}", lines=[tail(res.output)])
+                      f"{[(e['iteration'], e['cause']) for e in restarts]}{hint(res.output)}",
+                      lines=[tail(res.output)])
     peaks = [e.get("cuda_peak_bytes") for e in restarts]
     left = [e.get("cuda_left_bytes") for e in restarts]
     end = [e.get("cuda_peak_bytes") for e in read_events(metrics, "end")]  # if the trainer reports it
@@ -223,8 +231,8 @@ def device_assert_worker(health: bool) -> int:
 def check_device_assert(timeout: float) -> Result:
     figures, problems, lines = [], [], []
     for health in (False, True):
-        res = torchrun(1, "-m", "nvrx_lab.gpucheck", "--worker", "device-assert", *(["--health-check"] if health else []),
-                       timeout=timeout)
+        flags = ["--health-check"] if health else []
+        res = torchrun(1, "-m", "nvrx_lab.gpucheck", "--worker", "device-assert", *flags, timeout=timeout)
         rows = [json.loads(ln) for ln in res.output.splitlines() if ln.startswith('{"gpucheck_worker"')]
         label = "with CudaHealthCheck" if health else "without"
         if not rows:

@@ -195,7 +195,7 @@ def run_inprocess(cfg: "TrainConfig", events: EventLog, injector, monitor) -> di
     The process group comes from the wrapper (its sockets are what an abort cuts); rank and world size
     come from the wrapper too, since they change when a rank is lost. On GPUs one group serves both
     devices (``cpu:gloo,cuda:nccl``), so the abort reaches the CPU-side collectives as well."""
-    from nvrx_lab.inprocess import CallWrapper, Wrapper
+    from nvrx_lab.inprocess import CallWrapper, Wrapper, default_health_check
     from nvrx_lab.train import train
 
     _, _, local_rank = env_rank()
@@ -203,7 +203,8 @@ def run_inprocess(cfg: "TrainConfig", events: EventLog, injector, monitor) -> di
     persistent: dict = {}  # the checkpointer outlives attempts: one writer process, rebound to each new group
 
     @Wrapper(soft_timeout=cfg.soft_timeout, hard_timeout=cfg.hard_timeout, max_iterations=cfg.max_iterations,
-             min_world_size=cfg.min_world_size, pg_timeout=cfg.pg_timeout, emit=events.emit)
+             min_world_size=cfg.min_world_size, pg_timeout=cfg.pg_timeout, emit=events.emit,
+             health_check=default_health_check(device))  # a poisoned CUDA context leaves instead of retrying
     def attempt(cw: CallWrapper) -> dict:
         if device.type == "cuda":
             cw.init_process_group(backend="cpu:gloo,cuda:nccl", device_id=device)

@@ -293,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.restart.endswith("inprocess"):
         os.environ.update(layers.INPROCESS_NCCL_ENV)  # torchrun sets =1: NCCL's watchdog would kill the process
     configure_threads(cfg)
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS; else CUDA matmuls raise
     torch.use_deterministic_algorithms(True)
     events = EventLog(cfg.metrics or None, rank=rank)
     events.emit("start", world_size=world_size, restart_count=restart_count, new_run=new_run, pid=os.getpid())
@@ -310,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[rank {rank}] interrupted (Ctrl-C): a save in flight was abandoned; the newest committed "
               f"checkpoint{' in ' + cfg.ckpt_dir if cfg.ckpt_dir else ''} is intact", file=sys.stderr, flush=True)
         return 130
-    events.emit("end", steps=summary["steps"])
+    events.emit("end", steps=summary["steps"],  # the last attempt's peak (gpucheck c); earlier ones: restart events
+                cuda_peak_bytes=torch.cuda.max_memory_allocated() if torch.cuda.is_initialized() else None)
     if rank == 0 and cfg.metrics:  # one line a job log collector (nvrx_lab.eks.submit) picks up
         print("GOODPUT " + json.dumps(analyze(read_events(cfg.metrics)).row()), flush=True)
     return 0

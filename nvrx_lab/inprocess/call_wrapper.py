@@ -38,14 +38,15 @@ def uses_nccl(backend, device_id) -> bool:
 
 
 def check_nccl_timeout(timeout_s: float, min_s: float | None) -> None:
-    """NCCL's watchdog ends the whole process once a collective outlives the group's timeout
-    (torch 2.13's default ``TORCH_NCCL_ASYNC_ERROR_HANDLING=3``): that must never come before the
-    in-process restart, whose last resort (the hard timeout) kills only the hung rank."""
+    """NCCL's watchdog acts once a collective outlives the group's timeout: it ends the whole process
+    (torch 2.13's default ``TORCH_NCCL_ASYNC_ERROR_HANDLING=3``, torchrun sets 1) or aborts the
+    communicators on every rank (2). Either must come after the in-process restart had its say,
+    whose last resort (the hard timeout) kills only the hung rank."""
     if min_s is not None and timeout_s <= min_s:
         raise ConfigError(
             f"the NCCL collective timeout ({timeout_s:g} s) must exceed the Wrapper's hard_timeout "
-            f"(or soft_timeout when there is none: {min_s:g} s); NCCL's watchdog would otherwise end "
-            f"the process before the in-process restart does. Set Wrapper(pg_timeout=...) or pass "
+            f"(or soft_timeout when there is none: {min_s:g} s); NCCL's watchdog would otherwise act "
+            f"(end the process, by default) before the in-process restart does. Set Wrapper(pg_timeout=...) or pass "
             f"timeout=... to call_wrapper.init_process_group, e.g. {min_s + 60:g} s")
 
 

@@ -23,8 +23,6 @@ import os
 import sys
 import time
 
-import torch.distributed as dist
-
 from . import monitor_process, teardown
 from .call_wrapper import CallWrapper, ConfigError
 from .health_check import HealthCheckError
@@ -278,6 +276,9 @@ class RestartLoop:
             record.back_s = time.time() - record.t_fault
         record.reload_s = records.get("reload_s")
         self.emit("restart", **{**record.fields(), "rank": self.me})
+        if record.new_rank == 0:  # one console line per restart, as the launcher prints its own
+            back = f"back in {record.back_s:.2f} s" if record.back_s is not None else "back"
+            print(f"[nvrx_lab.inprocess] RESTART {back}: {record.line()}", file=sys.stderr, flush=True)
 
     def _shutdown(self) -> None:
         if self.monitor is not None:

@@ -29,6 +29,11 @@ from nvrx_lab.inprocess import CallWrapper, HealthCheckError, Wrapper
 ATTEMPT0: list[tuple[str, weakref.ref]] = []
 
 
+def emit(row: dict) -> None:
+    """One JSON line in one write: the ranks share the launcher's stdout."""
+    os.write(1, (json.dumps(row) + "\n").encode())
+
+
 class StepError(RuntimeError):
     def __init__(self, message: str, batch: torch.Tensor):
         super().__init__(message)
@@ -76,7 +81,7 @@ def main() -> int:
             dist.all_reduce(torch.ones(1))  # rank 1 never joins: ended by the abort
             raise AssertionError("attempt 0 should not finish")
         alive = [name for name, ref in ATTEMPT0 if ref() is not None]
-        print(json.dumps({"rank": rank0, "iteration": cw.iteration, "alive": alive}), flush=True)
+        emit({"rank": rank0, "iteration": cw.iteration, "alive": alive})
         cw.init_process_group(backend="gloo")
         for _ in range(a.tail_ops):  # in flight when the function returns
             dist.all_reduce(torch.ones(1000), async_op=True)
@@ -85,9 +90,9 @@ def main() -> int:
     try:
         result = attempt()
     except HealthCheckError as e:
-        print(json.dumps({"rank": rank0, "left": f"{type(e).__name__}: {e}"}), flush=True)
+        emit({"rank": rank0, "left": f"{type(e).__name__}: {e}"})
         return 3
-    print(json.dumps({"rank": rank0, "pg_initialized": dist.is_initialized(), "result": result}), flush=True)
+    emit({"rank": rank0, "pg_initialized": dist.is_initialized(), "result": result})
     return 0
 
 

@@ -28,6 +28,11 @@ from nvrx_lab.inprocess.state import State
 FAKE: list[socket.socket] = []
 
 
+def emit(row: dict) -> None:
+    """One JSON line in one write: the ranks share the launcher's stdout."""
+    os.write(1, (json.dumps(row) + "\n").encode())
+
+
 def fake_connect_device(pg, device) -> None:
     listener = socket.create_server(("127.0.0.1", 0))
     client = socket.create_connection(listener.getsockname())
@@ -80,9 +85,9 @@ def main() -> None:
         dist.all_reduce(torch.ones(2))
     except Exception as e:
         error = f"{type(e).__name__} after {time.monotonic() - t0:.2f} s"
-    print(json.dumps({"rank": rank, "gloo_tracked": gloo_tracked, "fake_tracked": len(owned & fake_fds),
+    emit({"rank": rank, "gloo_tracked": gloo_tracked, "fake_tracked": len(owned & fake_fds),
                       "store_tracked": len(owned & store_fds), "fake_alive_after_cut": fake_alive,
-                      "gloo_error_after_cut": error}), flush=True)
+                      "gloo_error_after_cut": error})
     dist.destroy_process_group()
     store.add("done", 1)
     while store.add("done", 0) < ws:
