@@ -1,16 +1,18 @@
 """One run, one record: what makes a launch a new run or the continuation of one.
 
-A launch continues a run when it resumes it: a restart (the launcher's ``TORCHELASTIC_RESTART_COUNT``
-> 0, or an in-process restart, which never comes back here) or a new launch onto a checkpoint folder
-that holds committed steps. Anything else is a **new run**, and then:
+A launch continues a run when it is a restart of it: the launcher's (``TORCHELASTIC_RESTART_COUNT`` > 0;
+an in-process restart never comes back here), a new launch onto a checkpoint folder that holds committed
+steps, or a launch with the ``--run-id`` the run was started with (a Kubernetes pod restart: the
+manifests and the goodput bench's pod-restart baseline pass the job's name). Anything else is a **new
+run**, and then:
 
 * its events start a new segment of the ``--metrics`` file: every ``start`` event says ``new_run``,
   and :func:`nvrx_lab.events.last_run` (what goodput reads) keeps only the newest run;
 * faults fired by an earlier run are forgotten (rank 0 clears the fired-faults file before the
   process group exists, so before any fault can fire);
-* rank 0 records the run's identity (``run.json`` beside the checkpoints: seed, model shape, batch), and
-  a later launch that would resume with another identity is a usage error naming the flag, instead
-  of a traceback from deep inside ``load_state_dict``.
+* rank 0 records the run (``run.json`` beside the checkpoints, else beside the metrics: run id, seed,
+  model shape, batch), and a later launch that would resume with another identity is a usage error
+  naming the flag, instead of a traceback from deep inside ``load_state_dict``.
 """
 
 from __future__ import annotations
@@ -33,40 +35,49 @@ def identity(cfg: "TrainConfig") -> dict:
     return {name: getattr(cfg, name) for name in IDENTITY}
 
 
+def run_file(cfg: "TrainConfig") -> Path | None:
+    if cfg.ckpt != "none" and cfg.ckpt_dir:
+        return Path(cfg.ckpt_dir) / RUN_FILE
+    return Path(cfg.metrics).with_suffix(".run.json") if cfg.metrics else None
+
+
+def recorded(cfg: "TrainConfig") -> dict:
+    path = run_file(cfg)
+    try:
+        return json.loads(path.read_text()) if path is not None and path.exists() else {}
+    except (OSError, json.JSONDecodeError):
+        return {}  # unreadable: the loader's own checks still stand
+
+
 def is_new_run(cfg: "TrainConfig", restart_count: int) -> bool:
     from nvrx_lab.checkpoint.commit import committed_steps
 
-    return restart_count == 0 and not (cfg.ckpt != "none" and committed_steps(Path(cfg.ckpt_dir)))
+    if restart_count > 0 or (cfg.ckpt != "none" and committed_steps(Path(cfg.ckpt_dir))):
+        return False
+    return not (cfg.run_id and recorded(cfg).get("run_id") == cfg.run_id)
 
 
 def check_resume(cfg: "TrainConfig") -> None:
     """Raise ``ValueError`` naming each flag that differs from the run the checkpoints belong to."""
-    path = Path(cfg.ckpt_dir) / RUN_FILE if cfg.ckpt != "none" else None
-    if path is None or not path.exists():
-        return
-    try:
-        saved = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return  # unreadable: the loader's own checks still stand
+    saved = recorded(cfg)
     differ = [f"--{k.replace('_', '-')} {getattr(cfg, k)} (the run has {saved[k]})"
               for k in IDENTITY if k in saved and saved[k] != getattr(cfg, k)]
     if differ:
-        raise ValueError(f"--ckpt-dir {cfg.ckpt_dir} holds the checkpoints of another run: {', '.join(differ)}; "
-                         "resume with the run's values, or pass a new --ckpt-dir")
+        raise ValueError(f"{run_file(cfg).parent} holds the record of another run: {', '.join(differ)}; "
+                         "resume with the run's values, or pass a new --ckpt-dir (or --metrics)")
 
 
 def begin(cfg: "TrainConfig", rank: int, restart_count: int, fault_file: Path | None) -> bool:
-    """Check a resume and, for a new run, reset what an earlier run left; returns ``new_run``."""
+    """Check a continuation and, for a new run, reset what an earlier run left; returns ``new_run``."""
     new_run = is_new_run(cfg, restart_count)
     if not new_run:
         check_resume(cfg)
     elif rank == 0:
         if fault_file is not None:
             fault_file.unlink(missing_ok=True)
-        if cfg.ckpt != "none":
-            folder = Path(cfg.ckpt_dir)
-            folder.mkdir(parents=True, exist_ok=True)
-            part = folder / (RUN_FILE + f".{os.getpid()}.part")
-            part.write_text(json.dumps(identity(cfg)))
-            os.replace(part, folder / RUN_FILE)
+        if (path := run_file(cfg)) is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            part = path.with_name(path.name + f".{os.getpid()}.part")
+            part.write_text(json.dumps({"run_id": cfg.run_id, **identity(cfg)}))
+            os.replace(part, path)
     return new_run

@@ -79,6 +79,10 @@ class TrainConfig:
     pg_timeout: float = 90.0
     """Seconds before a collective gives up; under in-process restart on GPUs it must exceed --hard-timeout
     (the wrapper, not NCCL's watchdog, decides about a hang)."""
+    run_id: str = ""
+    """Names the run: a launch with the run id of the run recorded beside the checkpoints (or metrics)
+    continues it even before its first checkpoint (a Kubernetes pod restart); empty: a launch that
+    resumes no checkpoint is a new run (nvrx_lab.runs)."""
     metrics: str = ""
     """Event stream (JSON lines: steps, saves, faults, restarts); empty = none."""
     log_every: int = 5

@@ -45,6 +45,13 @@ def test_rerun_starts_a_new_record_resume_continues_it_and_faults_fire_again(tmp
     events = read_events(metrics)
     assert [e["kind"] for e in events].count("fault") == 2  # the second run's fault fired again
     assert len(last_run(events)) < len(events) and [e["kind"] for e in last_run(events)][0] == "start"
+    # a relaunch with the run's id (a pod restart) continues it: its fault does not fire again
+    m3 = tmp_path / "m3.jsonl"
+    for _ in range(2):
+        res = train("--steps", "3", "--faults", "0:2:exception", "--run-id", "job-7", "--metrics", str(m3))
+    assert res.returncode == 0 and "FAULT" not in res.stderr, res.stderr
+    assert [e["new_run"] for e in read_events(m3) if e["kind"] == "start"] == [True, False]
+    assert analyze(read_events(m3)).final_step == 3 and len(analyze(read_events(m3)).faults) == 1
     # a resume of a checkpointed run stays in its record and keeps its identity
     ckpt, m2 = tmp_path / "ckpt", tmp_path / "m2.jsonl"
     assert train("--steps", "4", "--ckpt", "sync", "--ckpt-interval", "2", "--ckpt-dir", str(ckpt),

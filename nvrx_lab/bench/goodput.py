@@ -43,7 +43,8 @@ def trainer_args(args, workdir: Path, mode: str, metrics: Path, faults: str) -> 
             "--ckpt-dir", str(workdir / "ckpt"), "--metrics", str(metrics), "--faults", faults, "--restart", restart,
             "--log-every", "0", "--pg-timeout", str(args.pg_timeout), "--soft-timeout", str(args.hang_timeout),
             "--hard-timeout", str(args.hang_timeout * 2), "--max-iterations", str(args.faults + 5),
-            "--step-sleep", str(args.step_sleep)]
+            "--step-sleep", str(args.step_sleep), "--run-id", f"goodput-{mode}",  # a pod restart continues the run
+            "--ckpt-wait-writer"]  # as on a real job, whose writer is up long before its first interval ends
 
 
 def launch_cmd(args, mode: str, port: int) -> list[str]:

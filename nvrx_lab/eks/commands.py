@@ -81,6 +81,7 @@ def trainer_flags(s: JobSpec) -> list[Flag]:
         Flag("--seed", str(s.seed), "model init and token stream"),
         Flag("--global-batch", str(s.batch), f"sequences per step across all {s.nodes * s.gpus} GPUs"),
         Flag("--metrics", "${RUN_DIR}/metrics.jsonl", "the event stream (steps, saves, faults, restarts) on FSx"),
+        Flag("--run-id", s.name, "a restarted pod continues this run (its events, its fired faults)"),
         Flag("--ckpt", s.ckpt_mode, {"none": "no checkpoints", "sync": "blocking saves",
                                      "async": "saves overlap training"}[s.ckpt_mode]),
         Flag("--ckpt-interval", str(s.ckpt_interval), "steps between checkpoints"),
