@@ -11,6 +11,7 @@ First-order model, per interval of ``τ`` seconds of compute:
   ``R + τ / 2 + w``
 
 Young (1974): ``τ* = √(2·w·M)``; Daly (2006) adds higher-order terms, used here for ``w < 2M``.
+Under Kubernetes restarts, the restart time grows with every restart: :func:`crashloop_delay`.
 """
 
 from __future__ import annotations
@@ -50,6 +51,15 @@ def expected_goodput(interval_s: float, write_s: float, mtbf_s: float, restart_s
     eff = checkpoint_efficiency(interval_s, write_s, async_, stage_s)
     lost = restart_s + interval_s / 2 + (write_s if async_ else write_s / 2)
     return min(1.0, max(0.0, eff * (1 - lost / mtbf_s)))
+
+
+def crashloop_delay(restart: int, pod_restart_s: float = 10.0, time_scale: float = 1.0) -> float:
+    """Seconds before the ``restart``-th restart (1-based): pod restart + kubelet back-off (10 s, 20 s, … 300 s).
+
+    What a Kubernetes pod restart adds to ``restart_s``; the ``baseline`` mode of ``python -m
+    nvrx_lab.bench goodput`` waits it, times ``time_scale`` so a CPU run stays short."""
+    backoff = min(300.0, 10.0 * 2 ** (restart - 1))
+    return (pod_restart_s + backoff) * time_scale
 
 
 def advise(step_s: float, write_s: float, mtbf_s: float, restart_s: float = 0.0, async_: bool = False,

@@ -32,15 +32,19 @@ def draw_architecture(ranks: int = 2):
     _box(ax, 0.5, 5.0, 2.6, 0.9, "torchelastic agent:\nc10d rendezvous, restarts", COLORS["thread"])
     mon_x, mon_w = 3.4, 3.2 / ranks  # one rank monitor per local rank, each taking only its own rank's heartbeats
     for r in range(ranks):
-        _box(ax, mon_x + r * mon_w + 0.04, 5.0, mon_w - 0.08, 0.9, f"rank {r} monitor:\nheartbeats,\nsections", COLORS["thread"], 7)
+        _box(ax, mon_x + r * mon_w + 0.04, 5.0, mon_w - 0.08, 0.9, f"rank {r} monitor:\nheartbeats,\nsections",
+             COLORS["thread"], 7)
     _box(ax, 6.9, 5.0, 3.6, 0.9, "warm standby interpreters\n(torch imported, waiting to exec)", COLORS["thread"])
     width = 10.6 / ranks
     for r in range(ranks):
         x0 = 0.2 + r * width
         _box(ax, x0 + 0.05, 1.6, width - 0.1, 3.0, f"worker process, rank {r}", COLORS["worker"], 9, "bold")
-        _box(ax, x0 + 0.2, 3.35, width - 0.4, 0.85, "main thread: train loop, FSDP2\ncollectives; ping(), heartbeat", COLORS["thread"])
-        _box(ax, x0 + 0.2, 2.45, width - 0.4, 0.8, "in-process monitor thread (layer 2):\nwatches store, interrupts + aborts", COLORS["thread"])
-        _box(ax, x0 + 0.2, 0.2, width - 0.4, 1.1, "checkpoint writer process (layer 1):\npersistent, reads staged shared\nmemory, writes DCP shards", COLORS["writer"])
+        _box(ax, x0 + 0.2, 3.35, width - 0.4, 0.85, "main thread: train loop, FSDP2\ncollectives; ping(), "
+                                                    "heartbeat", COLORS["thread"])
+        _box(ax, x0 + 0.2, 2.45, width - 0.4, 0.8, "in-process monitor thread (layer 2):\nwatches store, interrupts + "
+                                                   "aborts", COLORS["thread"])
+        _box(ax, x0 + 0.2, 0.2, width - 0.4, 1.1, "checkpoint writer process (layer 1):\npersistent, reads staged "
+                                                  "shared\nmemory, writes DCP shards", COLORS["writer"])
         _arrow(ax, (x0 + 0.6, 3.35), (x0 + 0.6, 1.3), "async_save: stage in shared memory → queue", "#2a7a2a",
                at=(x0 + 0.7, 1.38))
         monitor_x = mon_x + (r + 0.5) * mon_w  # this rank's monitor, straight above where the main thread allows

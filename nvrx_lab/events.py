@@ -14,8 +14,9 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 EmitFn = Callable[..., None]
 """What layers accept to report events: ``emit(kind, **fields)``."""

@@ -1,7 +1,19 @@
-"""Deterministic fault injection: a schedule of (rank, step, kind), each fault firing once.
+"""Deterministic fault injection: one grammar for fault schedules, and the trainer's injector.
 
-A schedule is written ``RANK:STEP:KIND[:PHASE]`` comma-separated, e.g. ``1:5:exception,1:12:sigkill``,
-or generated from a seed with :func:`make_schedule`. Kinds:
+The one fault grammar of ``nvrx_lab``: the trainer's ``--faults``, :class:`~nvrx_lab.eks.spec.JobSpec`'s
+``faults``, the benchmarks and both demo workers parse their schedules here. A schedule is
+comma-separated entries ``RANK[:ATTEMPTS]:STEP:KIND[:PHASE]``, e.g. ``1:5:exception,1:12:sigkill``,
+or generated from a seed with :func:`make_schedule`:
+
+* ``RANK``     — the (initial) rank that injects it;
+* ``ATTEMPTS`` — restart attempts in which it fires: ``N``, ``A-B`` or ``*`` (every attempt, the default).
+  Only the demo workers, which know their attempt, accept it (``1:0:5:exception``); the trainer
+  fires each fault once instead, remembered across restarts;
+* ``STEP``     — the step it fires at;
+* ``KIND``     — what happens (below); a demo worker adds kinds of its own (see its docstring);
+* ``PHASE``    — where in that step (below; the trainer only).
+
+Kinds of the trainer (:class:`FaultInjector`):
 
 * ``exception`` — raise :class:`InjectedFault` (a Python error in the training step)
 * ``hang``      — sleep far past any timeout (a rank stuck in Python-level blocking code)
@@ -23,12 +35,13 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 KINDS = ("exception", "hang", "sigkill", "oom")
 PHASES = ("step", "save", "load")
@@ -38,33 +51,70 @@ class InjectedFault(RuntimeError):
     """The exception an ``exception`` fault raises."""
 
 
+ENTRY = re.compile(r"""
+    (?P<rank>\d+)
+    (?: : (?P<attempts> \* | \d+ (?:-\d+)? ) )?
+    : (?P<step>\d+)
+    : (?P<kind>[^:]+)
+    (?: : (?P<phase>[^:]+) )?
+""", re.VERBOSE)
+"""One schedule entry, ``RANK[:ATTEMPTS]:STEP:KIND[:PHASE]`` (see the module docstring)."""
+
+
 @dataclass(frozen=True)
 class Fault:
     rank: int
     step: int
     kind: str
     phase: str = "step"
+    attempts: range | None = None
+    """Restart attempts in which the fault fires; ``None``: every attempt."""
 
     @property
     def id(self) -> str:
-        return f"{self.rank}:{self.step}:{self.kind}" + (f":{self.phase}" if self.phase != "step" else "")
+        attempts = "" if self.attempts is None else f"{_attempts_text(self.attempts)}:"
+        return f"{self.rank}:{attempts}{self.step}:{self.kind}" + (f":{self.phase}" if self.phase != "step" else "")
+
+    def fires_in(self, attempt: int) -> bool:
+        return self.attempts is None or attempt in self.attempts
 
 
-def parse_schedule(spec: str) -> list[Fault]:
-    """``"1:5:exception,0:9:hang:load"`` → faults; a clear ``ValueError`` names the bad entry."""
+def _attempts_text(attempts: range) -> str:
+    first, last = attempts.start, attempts.stop - 1
+    return str(first) if first == last else f"{first}-{last}"
+
+
+def _attempts(text: str | None, entry: str) -> range | None:
+    if text is None or text == "*":
+        return None
+    first, _, last = text.partition("-")
+    if int(last or first) < int(first):
+        raise ValueError(f"--faults entry {entry!r}: attempts {text!r} is an empty range; allowed: N, A-B with A <= B, or *")
+    return range(int(first), int(last or first) + 1)
+
+
+def parse_schedule(spec: str, kinds: tuple[str, ...] = KINDS, phases: tuple[str, ...] = PHASES,
+                   with_attempts: bool = False) -> list[Fault]:
+    """``"1:5:exception,0:9:hang:load"`` → faults; a clear ``ValueError`` names the bad entry.
+
+    A caller says what it can inject: its ``kinds``, its ``phases``, and whether it knows its restart
+    attempt (``with_attempts``); the defaults are the trainer's."""
+    form = ("RANK[:ATTEMPTS]" if with_attempts else "RANK") + ":STEP:KIND" + ("[:PHASE]" if len(phases) > 1 else "")
     faults = []
     for entry in filter(None, (e.strip() for e in spec.split(","))):
-        parts = entry.split(":")
-        if len(parts) not in (3, 4):
-            raise ValueError(f"--faults entry {entry!r}: expected RANK:STEP:KIND[:PHASE], e.g. 1:5:exception")
-        rank, step, kind, phase = (*parts, "step") if len(parts) == 3 else parts
-        if not (rank.isdigit() and step.isdigit()):
-            raise ValueError(f"--faults entry {entry!r}: RANK and STEP must be non-negative integers")
-        if kind not in KINDS:
-            raise ValueError(f"--faults entry {entry!r}: kind {kind!r} is not one of {', '.join(KINDS)}")
-        if phase not in PHASES:
-            raise ValueError(f"--faults entry {entry!r}: phase {phase!r} is not one of {', '.join(PHASES)}")
-        faults.append(Fault(int(rank), int(step), kind, phase))
+        m = ENTRY.fullmatch(entry)
+        if m is None:
+            numbers = "RANK and STEP non-negative integers" + (", ATTEMPTS N, A-B or *" if with_attempts else "")
+            raise ValueError(f"--faults entry {entry!r}: expected {form}, {numbers}, e.g. 1:5:{kinds[0]}")
+        kind, phase = m["kind"], m["phase"] or "step"
+        if m["attempts"] is not None and not with_attempts:
+            raise ValueError(f"--faults entry {entry!r}: expected {form}; ATTEMPTS ({m['attempts']!r}) is for the "
+                             "demo workers: here each fault fires once, remembered across restarts")
+        if kind not in kinds:
+            raise ValueError(f"--faults entry {entry!r}: kind {kind!r} is not one of {', '.join(kinds)}")
+        if phase not in phases:
+            raise ValueError(f"--faults entry {entry!r}: phase {phase!r} is not one of {', '.join(phases)}")
+        faults.append(Fault(int(m["rank"]), int(m["step"]), kind, phase, _attempts(m["attempts"], entry)))
     return faults
 
 

@@ -146,7 +146,7 @@ def plot_timeline(events: list[dict], ax=None, title: str = ""):
     for kind, (marker, color, label) in styles.items():
         pts = [(e["t"] - t0, e["rank"]) for e in events if e["kind"] == kind]
         if pts:
-            ax.scatter(*zip(*pts), marker=marker, color=color, s=60, zorder=3, label=label)
+            ax.scatter(*zip(*pts, strict=True), marker=marker, color=color, s=60, zorder=3, label=label)
     ax.set(xlabel="seconds since start", ylabel="rank", yticks=ranks, title=title or "timeline")
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     return ax

@@ -22,8 +22,6 @@ Prints a summary table; exits 0 when every check passed, 1 otherwise, 2 without 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shutil
 import sys
 import tempfile
@@ -34,7 +32,8 @@ from pathlib import Path
 import torch
 
 from nvrx_lab.events import read_events
-from nvrx_lab.runner import run, torchrun
+from nvrx_lab.gpucheck_assert import check_device_assert
+from nvrx_lab.runner import run, torchrun, trainer
 
 GiB = 2**30
 
@@ -49,7 +48,7 @@ class Result:
 
 
 def trainer_args(*args: str) -> list[str]:
-    return ["-m", "nvrx_lab.train", "--log-every", "0", *args]
+    return trainer(*args, log_every=0).args()
 
 
 def tail(text: str, n: int = 2500) -> str:
@@ -190,67 +189,6 @@ def check_inprocess_memory(work: Path, device: str, model: list[str], timeout: f
     return Result("c. in-process memory", not (grown or kept), figures, detail)
 
 
-# -- d. device-side assert, with and without the health check ------------------------------------------------
-def device_assert_worker(health: bool) -> int:
-    """Run under torchrun (one rank): attempt 0 triggers a device-side assert; prints one JSON line."""
-    import torch.distributed as dist
-
-    from nvrx_lab import layers
-    from nvrx_lab.inprocess import HealthCheckError, RestartLimitError, Wrapper, default_health_check
-
-    os.environ.update(getattr(layers, "INPROCESS_NCCL_ENV", {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2",
-                                                             "TORCH_NCCL_RETHROW_CUDA_ERRORS": "0"}))
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-    torch.cuda.set_device(device)
-    attempts: list[int] = []
-
-    @Wrapper(soft_timeout=20, hard_timeout=40, pg_timeout=60, max_iterations=3, barrier_timeout=60,
-             health_check=default_health_check(device) if health else None)
-    def attempt(cw) -> str:
-        attempts.append(cw.iteration)
-        cw.init_process_group("cpu:gloo,cuda:nccl", device_id=device)
-        x = torch.ones(1024, device=device)
-        dist.all_reduce(x)
-        if cw.iteration == 0:
-            x[torch.tensor([1 << 20], device=device)] = 0.0  # out of bounds: a device-side assert
-        torch.cuda.synchronize()
-        return "trained"
-
-    t0 = time.monotonic()
-    try:
-        outcome = attempt()
-    except HealthCheckError as e:
-        outcome = f"left: {str(e)[:160]}"
-    except RestartLimitError as e:
-        outcome = f"gave up: {str(e).splitlines()[0][:160]}"
-    print(json.dumps({"gpucheck_worker": "device-assert", "attempts": attempts, "outcome": outcome,
-                      "seconds": round(time.monotonic() - t0, 1)}), flush=True)
-    return 0
-
-
-def check_device_assert(timeout: float) -> Result:
-    figures, problems, lines = [], [], []
-    for health in (False, True):
-        flags = ["--health-check"] if health else []
-        res = torchrun(1, "-m", "nvrx_lab.gpucheck", "--worker", "device-assert", *flags, timeout=timeout)
-        rows = [json.loads(ln) for ln in res.output.splitlines() if ln.startswith('{"gpucheck_worker"')]
-        label = "with CudaHealthCheck" if health else "without"
-        if not rows:
-            figures.append(f"{label}: no result (exit {res.returncode}, {res.wall_s:.0f} s)")
-            lines.append(f"--- {label}\n{tail(res.output, 1500)}")
-            if health:
-                problems.append(f"{label}: the rank did not report")
-            continue
-        row = rows[0]
-        figures.append(f"{label}: attempts {row['attempts']}, {row['seconds']} s")
-        if health and not (row["outcome"].startswith("left") and row["attempts"] == [0]):
-            problems.append(f"{label}: expected to leave after attempt 0, got {row['outcome']}")
-        if not health and row["outcome"] == "trained":
-            problems.append(f"{label}: a poisoned context trained on?")
-        lines.append(f"{label}: {row['outcome']}")
-    return Result("d. device-side assert", not problems, "; ".join(figures), "; ".join(problems), lines)
-
-
 # -- main ---------------------------------------------------------------------------------------------
 def print_table(results: list[Result]) -> None:
     print("\n=== gpucheck summary ===")
@@ -270,11 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", default=None, help="folder for checkpoints and metrics (default: a temp folder)")
     ap.add_argument("--ckpt-gib", type=float, default=3.0, help="size of the state of check a")
     ap.add_argument("--cpu-dry-run", action="store_true", help="run a-c tiny on the CPU (tests this script)")
-    ap.add_argument("--worker", choices=["device-assert"], help=argparse.SUPPRESS)
-    ap.add_argument("--health-check", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
-    if a.worker:
-        return device_assert_worker(a.health_check)
     dry = a.cpu_dry_run
     if not dry and not torch.cuda.is_available():
         print("gpucheck: no CUDA device (torch.cuda.is_available() is False; torch "
@@ -295,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     checks = {"a": lambda: check_checkpoint(work, device, 0.0625 if dry else a.ckpt_gib),
               "b": lambda: check_resume(work, device.type, resume_model, 240),
               "c": lambda: check_inprocess_memory(work, device.type, big_model, 300),
-              "d": lambda: check_device_assert(150)}
+              "d": lambda: Result("d. device-side assert", *check_device_assert(150))}
     results = []
     for key in [k.strip() for k in a.only.split(",") if k.strip()]:
         if key not in checks or (dry and key == "d"):

@@ -1,9 +1,15 @@
 """How the trainer composes the layers from its flags; each layer stays unaware of the others.
 
 * ``--ckpt sync|async`` → :class:`nvrx_lab.checkpoint.AsyncCheckpointer` on the CPU (gloo) group
-* ``--faults``          → :class:`nvrx_lab.faults.FaultInjector`, fired faults kept next to the checkpoints
-* ``--restart launcher`` → :class:`nvrx_lab.launcher.RankMonitorClient` heartbeats and sections
-* ``--restart inprocess`` → :class:`nvrx_lab.inprocess.Wrapper` around one training attempt
+* ``--faults``          → :class:`FaultHooks` around :class:`nvrx_lab.faults.FaultInjector`, fired faults
+  kept next to the checkpoints
+* ``--restart launcher`` → :class:`LauncherHooks`: :class:`nvrx_lab.launcher.RankMonitorClient` heartbeats
+  and sections
+* ``--restart inprocess`` → :func:`nvrx_lab.attempts.run_inprocess`, the attempt inside
+  :class:`nvrx_lab.inprocess.Wrapper`
+
+:func:`check_flags` refuses what cannot work before any process group or file is touched;
+:func:`make_hooks` gives the trainer its one :class:`~nvrx_lab.hooks.Hooks` object.
 """
 
 from __future__ import annotations
@@ -12,23 +18,17 @@ import contextlib
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-import torch.distributed as dist
-
-from nvrx_lab.dist import DistContext, env_rank, pick_device
+from nvrx_lab.config import TrainConfig, check_config
+from nvrx_lab.dist import DistContext
 from nvrx_lab.events import EventLog
 from nvrx_lab.faults import FaultInjector, parse_schedule
+from nvrx_lab.hooks import ComposeHooks, Hooks
 from nvrx_lab.runs import RUN_FILE
 
-if TYPE_CHECKING:
-    from nvrx_lab.train import TrainConfig
 
-
-def check_flags(cfg: "TrainConfig", world_size: int = 1) -> None:
+def check_flags(cfg: TrainConfig, world_size: int = 1) -> None:
     """Flag combinations that cannot work, rejected before any process group or file is touched."""
-    from nvrx_lab.train import check_config
-
     check_config(cfg, world_size)
     if cfg.ckpt != "none":
         if not cfg.ckpt_dir:
@@ -41,8 +41,8 @@ def check_flags(cfg: "TrainConfig", world_size: int = 1) -> None:
         if path.exists() and not path.is_dir():
             raise ValueError(f"--ckpt-dir {path} is a file; pass a folder (it is created if missing)")
         check_ckpt_dir(path)
-    if cfg.ckpt_write_bandwidth < 0:
-        raise ValueError(f"--ckpt-write-bandwidth must be >= 0 bytes/s (0 = no cap), got {cfg.ckpt_write_bandwidth}")
+    from nvrx_lab.checkpoint.throttle import check_bandwidth
+    check_bandwidth(cfg.ckpt_write_bandwidth, "--ckpt-write-bandwidth")  # 0 (the default) = no cap
     if not 0 < cfg.soft_timeout <= cfg.hard_timeout:
         raise ValueError(f"need 0 < --soft-timeout ({cfg.soft_timeout}) <= --hard-timeout ({cfg.hard_timeout})")
     if cfg.restart.endswith("inprocess") and uses_cuda(cfg) and cfg.pg_timeout <= cfg.hard_timeout:
@@ -67,13 +67,13 @@ INPROCESS_NCCL_ENV = {
 """What in-process restart needs from NCCL (as ``nvrx_lab.eks.modes`` sets in the manifests)."""
 
 
-def uses_cuda(cfg: "TrainConfig") -> bool:
+def uses_cuda(cfg: TrainConfig) -> bool:
     import torch
 
     return cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
 
 
-def check_faults(cfg: "TrainConfig", world_size: int) -> None:
+def check_faults(cfg: TrainConfig, world_size: int) -> None:
     """Each fault must be able to fire: a rank of this world, a step this run reaches."""
     for fault in parse_schedule(cfg.faults):  # raises naming a malformed entry
         if fault.rank >= world_size:
@@ -101,7 +101,7 @@ def check_ckpt_dir(path: Path) -> None:
                          "committed checkpoint; pass a new or empty folder, or one this trainer saved to")
 
 
-def make_checkpointer(cfg: "TrainConfig", ctx: "DistContext", events: EventLog):
+def make_checkpointer(cfg: TrainConfig, ctx: DistContext, events: EventLog):
     if cfg.ckpt == "none":
         return None
     from nvrx_lab.checkpoint import AsyncCheckpointer
@@ -114,7 +114,7 @@ def make_checkpointer(cfg: "TrainConfig", ctx: "DistContext", events: EventLog):
 FAULTS_FIRED = "faults_fired.jsonl"
 
 
-def fault_state_file(cfg: "TrainConfig") -> Path | None:
+def fault_state_file(cfg: TrainConfig) -> Path | None:
     """Where fired faults are remembered across restarts: beside the checkpoints, else beside the metrics."""
     if cfg.ckpt_dir:
         return Path(cfg.ckpt_dir) / FAULTS_FIRED
@@ -123,14 +123,24 @@ def fault_state_file(cfg: "TrainConfig") -> Path | None:
     return None
 
 
-def make_fault_injector(cfg: "TrainConfig", rank: int, events: EventLog) -> FaultInjector | None:
-    faults = parse_schedule(cfg.faults)
-    return FaultInjector(faults, rank, state_file=fault_state_file(cfg), emit=events.emit) if faults else None
+class FaultHooks(Hooks):
+    """Fault injection joins the attempt before each step and inside checkpoint I/O."""
+
+    def __init__(self, injector: FaultInjector):
+        self.injector = injector
+
+    def before_step(self, step: int) -> None:
+        self.injector(step)
+
+    def during(self, phase: str, step: int) -> None:
+        self.injector.during(phase, step)
 
 
-class Monitor:
+class LauncherHooks(Hooks):
     """The trainer's side of the launcher: heartbeats, a section around checkpoint I/O, and timeouts
-    computed from observed intervals and carried in the checkpoint (``state_dict``)."""
+    computed from observed intervals and carried in the checkpoint (``state_dict``, key ``monitor``)."""
+
+    name = "monitor"
 
     def __init__(self):
         from nvrx_lab.launcher import RankMonitorClient
@@ -146,11 +156,12 @@ class Monitor:
             self.client.init_workload_monitoring()
             self.started = True
 
-    def heartbeat(self, step: int) -> None:
+    def after_step(self, step: int) -> None:
         self.client.send_heartbeat()
 
     def section(self, name: str):
-        return _Section(self.client, name)
+        # the per-step commit poll is quick and frequent: no section of its own
+        return contextlib.nullcontext() if name == "checkpoint_commit" else _Section(self.client, name)
 
     def after_save(self) -> None:
         """After the second save, set timeouts from what was observed (a collective on all ranks).
@@ -188,57 +199,12 @@ class _Section:
         self.client.end_section(self.name)
 
 
-def run_inprocess(cfg: "TrainConfig", events: EventLog, injector, monitor) -> dict:
-    """Training attempts inside :class:`nvrx_lab.inprocess.Wrapper`: a fault anywhere interrupts every
-    rank, the group is torn down and the function is re-entered, resuming from the newest checkpoint.
-
-    The process group comes from the wrapper (its sockets are what an abort cuts); rank and world size
-    come from the wrapper too, since they change when a rank is lost. On GPUs one group serves both
-    devices (``cpu:gloo,cuda:nccl``), so the abort reaches the CPU-side collectives as well."""
-    from nvrx_lab.inprocess import CallWrapper, Wrapper, default_health_check
-    from nvrx_lab.train import train
-
-    _, _, local_rank = env_rank()
-    device = pick_device(cfg.device, local_rank)
-    persistent: dict = {}  # the checkpointer outlives attempts: one writer process, rebound to each new group
-
-    @Wrapper(soft_timeout=cfg.soft_timeout, hard_timeout=cfg.hard_timeout, max_iterations=cfg.max_iterations,
-             min_world_size=cfg.min_world_size, pg_timeout=cfg.pg_timeout, emit=events.emit,
-             health_check=default_health_check(device))  # a poisoned CUDA context leaves instead of retrying
-    def attempt(cw: CallWrapper) -> dict:
-        if device.type == "cuda":
-            cw.init_process_group(backend="cpu:gloo,cuda:nccl", device_id=device)
-        else:
-            cw.init_process_group(backend="gloo")
-        cw.ping()  # joining the group is progress: the soft timeout counts from here
-        ctx = DistContext(cw.rank, cw.world_size, local_rank, device, dist.group.WORLD)
-        if "ckpt" not in persistent:
-            persistent["ckpt"] = make_checkpointer(cfg, ctx, events)
-        elif persistent["ckpt"] is not None:
-            persistent["ckpt"].rebind(ctx.cpu_group)
-        if monitor is not None:
-            monitor.start()
-
-        @contextlib.contextmanager
-        def io_section(name: str):
-            # the per-step commit poll is quick and frequent: atomic, but no launcher section of its own
-            timed = monitor is not None and name != "checkpoint_commit"
-            with cw.atomic(), (monitor.section(name) if timed else contextlib.nullcontext()):
-                yield
-
-        summary = train(cfg, ctx, events, persistent["ckpt"], monitor, before_step=(injector,) if injector else (),
-                        io_section=io_section, on_resume=lambda load_s: cw.record("reload_s", load_s), progress=cw.ping,
-                        during=injector.during if injector else None)
-        cw.ping()
-        return summary
-
-    try:
-        return attempt()
-    finally:
-        if monitor is not None:
-            monitor.close()
-        if persistent.get("ckpt") is not None:
-            persistent["ckpt"].close()
+def make_hooks(cfg: TrainConfig, rank: int, events: EventLog) -> Hooks:
+    """The layers' hooks the flags ask for, as one (the in-process wrapper adds its own per attempt)."""
+    faults = parse_schedule(cfg.faults)
+    injector = FaultInjector(faults, rank, state_file=fault_state_file(cfg), emit=events.emit) if faults else None
+    return ComposeHooks(LauncherHooks() if cfg.restart.startswith("launcher") else None,
+                        FaultHooks(injector) if injector else None)
 
 
 def launcher_restart_count() -> int:

@@ -16,14 +16,23 @@ from torch import nn
 @dataclass
 class ModelConfig:
     vocab_size: int = 256
+    """Vocabulary of the synthetic tokens and the model."""
     dim: int = 128
+    """Model width."""
     n_layers: int = 2
+    """Transformer blocks (each one FSDP unit)."""
     n_heads: int = 4
+    """Attention heads; dim / n_heads must be even."""
     hidden_dim: int = 344
-    max_seq_len: int = 256
+    """SwiGLU hidden width."""
+    seq_len: int = 64
+    """Tokens per sequence (the rotary tables cover this many positions)."""
     tie_embeddings: bool = True
+    """Share the input embedding with the output head."""
     rope_theta: float = 10000.0
+    """Base of the rotary embedding's frequencies."""
     norm_eps: float = 1e-5
+    """RMSNorm epsilon."""
 
 
 class RMSNorm(nn.Module):
@@ -104,7 +113,7 @@ class Transformer(nn.Module):
         self.head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.head.weight = self.embed.weight
-        cos, sin = rope_tables(cfg.dim // cfg.n_heads, cfg.max_seq_len, cfg.rope_theta)
+        cos, sin = rope_tables(cfg.dim // cfg.n_heads, cfg.seq_len, cfg.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.apply(self._init)

@@ -1,11 +1,13 @@
-"""Small helpers for processes that meet over loopback: free ports, bounded waits, and listening
-sockets bound to one address (a ``TCPStore`` server alone listens on every interface)."""
+"""Small helpers for processes that meet over loopback: free ports, listening sockets bound to one
+address (a ``TCPStore`` server alone listens on every interface), and :func:`wait_for`, the bounded
+wait every layer uses instead of a loop of its own."""
 
 from __future__ import annotations
 
 import socket
 import time
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 T = TypeVar("T")
 
@@ -61,13 +63,19 @@ def listen(host: str, port: int = 0, backlog: int = 512) -> socket.socket:
     return sock
 
 
-def wait_for(predicate: Callable[[], T], timeout: float, interval: float = 0.05, what: str = "condition") -> T:
-    """Poll ``predicate`` until it returns something truthy; ``TimeoutError`` naming ``what`` after ``timeout`` s."""
+def wait_for(predicate: Callable[[], T], timeout: float, what: str, *, interval: float = 0.05,
+             on_poll: Callable[[], object] | None = None) -> T:
+    """The one way to wait in ``nvrx_lab``: poll ``predicate`` every ``interval`` s until it returns
+    something truthy, and return that. ``on_poll`` runs after every unsuccessful poll (a heartbeat, a
+    progress write). After ``timeout`` s (``float("inf")``: never), ``TimeoutError`` naming ``what``.
+    ``predicate`` may raise to stop the wait early (a process it waits on has died)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
+        if on_poll is not None:
+            on_poll()
         if time.monotonic() >= deadline:
             raise TimeoutError(f"timed out after {timeout:.1f} s waiting for {what}")
         time.sleep(interval)

@@ -12,15 +12,16 @@ import json
 import sys
 from pathlib import Path
 
-from nvrx_lab.bench._table import format_table
+from nvrx_lab.table import format_table
 
 
 def bench_section(path: Path) -> str:
     result = json.loads(path.read_text())
     m = result.get("machine", {})
-    where = f"{m.get('host', '?')}: {m.get('cpus', '?')} CPUs, torch {m.get('torch', '?')}, GPU {m.get('cuda') or 'none'}, {m.get('when', '?')}"
-    parts = [f"## {result.get('benchmark', path.stem)}", "", f"Command: `{result.get('command', '?')}`  ", f"Machine: {where}", "",
-             "```", format_table(result.get("rows", [])), "```", ""]
+    where = (f"{m.get('host', '?')}: {m.get('cpus', '?')} CPUs, torch {m.get('torch', '?')}, "
+             f"GPU {m.get('cuda') or 'none'}, {m.get('when', '?')}")
+    parts = [f"## {result.get('benchmark', path.stem)}", "", f"Command: `{result.get('command', '?')}`  ",
+             f"Machine: {where}", "", "```", format_table(result.get("rows", [])), "```", ""]
     for note in result.get("notes", []):
         parts.append(f"- {note}")
     for plot in result.get("plots", []):
@@ -45,7 +46,8 @@ def to_html(markdown_text: str) -> str:
     import mistune  # ships with nbconvert, which jupyterlab and papermill install
 
     body = mistune.html(markdown_text)
-    return f"<!doctype html><meta charset='utf-8'><title>nvrx_lab report</title><body style='font-family:sans-serif;max-width:60em'>{body}</body>"
+    return ("<!doctype html><meta charset='utf-8'><title>nvrx_lab report</title>"
+            f"<body style='font-family:sans-serif;max-width:60em'>{body}</body>")
 
 
 def main(argv: list[str] | None = None) -> int:

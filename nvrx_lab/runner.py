@@ -1,19 +1,205 @@
-"""Launch multi-process runs from a notebook or a benchmark: torchrun on loopback, bounded, cleaned up.
+"""Launch: every multi-process command line of the package, and the one bounded way to run it.
 
-Spawned children cannot import functions defined in a notebook cell, so every multi-process
-step of the workbook runs a module of this package through ``python -m torch.distributed.run``.
+Command lines are built from small frozen dataclasses, never by hand:
+
+* :class:`Torchrun` — ``python -m torch.distributed.run`` and its flags;
+* :class:`Launcher` — ``python -m nvrx_lab.launcher``: torchrun's flags plus heartbeats and restart policy;
+* :class:`Spawn` — ``python -m nvrx_lab.inprocess.spawn``: plain rank processes, survivors of a dead rank go on;
+* :class:`Worker` — what every rank runs: ``-m nvrx_lab.train`` (:func:`trainer`), another module, or a script.
+
+``head.argv(worker)`` is the full command line; :func:`head_for` picks the head a trainer's ``--restart``
+mode needs. Flags are written in field order (``None`` and ``False`` left out, ``True`` a bare switch,
+field ``ckpt_dir`` as ``--ckpt-dir``). On one machine,
+``Torchrun.local(2)`` (static store) and ``Launcher.local(2)`` / ``Torchrun.c10d(2)`` (c10d rendezvous)
+listen on 127.0.0.1 and a free port pair from :mod:`nvrx_lab.net`. In a pod the values are the pod's
+``${VAR}`` references: :mod:`nvrx_lab.eks.commands` renders the same objects into the container script::
+
+    cmd = Launcher.local(2, max_restarts=3, heartbeat_timeout=3).argv(trainer(steps=14, restart="launcher"))
+    run(cmd, timeout=180).check()
+
+:func:`run` is how the package runs a process group (benchmarks, reliability cases, tests,
+notebooks): a new session, a bounded wait, the whole group killed on timeout and once the leader has
+exited, and a :class:`RunResult` (exit code, output, wall time). Spawned children cannot import
+functions defined in a notebook cell, so every multi-process step of the workbook runs a module of
+this package this way.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
 
 from nvrx_lab.net import free_port_pair
+
+Value = str | int | float | bool | Path | None
+LOOPBACK = "127.0.0.1"
+
+
+def flags_of(items: Iterable[tuple[str, Value]]) -> list[tuple[str, str | None]]:
+    """``(field, value)`` pairs as ``(--flag, text)``: ``None``/``False`` dropped, ``True`` a bare switch (text ``None``)."""
+    return [("--" + name.replace("_", "-"), None if value is True else str(value))
+            for name, value in items if value is not None and value is not False]
+
+
+def flat(pairs: Iterable[tuple[str, str | None]]) -> list[str]:
+    """``[("--steps", "4"), ("--no-standby", None)]`` -> ``["--steps", "4", "--no-standby"]``."""
+    return [t for flag, text in pairs for t in ((flag,) if text is None else (flag, text))]
+
+
+@dataclass(frozen=True)
+class Worker:
+    """What every rank runs: ``-m TARGET`` (or the script ``TARGET`` when it ends in ``.py``), its flags, ``extra``."""
+
+    target: str
+    """A module (``nvrx_lab.train``) or a script path (``tests/workers/launcher_worker.py``)."""
+    flags: tuple[tuple[str, Value], ...] = ()
+    """``(field, value)`` in order: ``("ckpt_dir", "d")`` is ``--ckpt-dir d`` (see :func:`flags_of`)."""
+    extra: tuple[str, ...] = ()
+    """Arguments written verbatim after the flags."""
+
+    @classmethod
+    def of(cls, target: str | Path, *extra: Value, **flags: Value) -> Worker:
+        return cls(str(target), tuple(flags.items()), tuple(str(a) for a in extra))
+
+    def with_flags(self, **flags: Value) -> Worker:
+        """The same worker with ``flags`` set (a flag already there keeps its place)."""
+        merged = dict(self.flags) | flags
+        return dataclasses.replace(self, flags=tuple(merged.items()))
+
+    def pairs(self) -> list[tuple[str, str | None]]:
+        return flags_of(self.flags)
+
+    def args(self) -> list[str]:
+        """What follows the launcher's flags: ``-m TARGET FLAGS… EXTRA…``."""
+        head = [self.target] if self.target.endswith(".py") else ["-m", self.target]
+        return [*head, *flat(self.pairs()), *self.extra]
+
+    def argv(self) -> list[str]:
+        """The worker alone, without a launcher (a world of one)."""
+        return [sys.executable, *self.args()]
+
+
+def trainer(*extra: Value, **flags: Value) -> Worker:
+    """``-m nvrx_lab.train`` with ``flags`` named as the fields of its ``TrainConfig`` (``global_batch=4``)."""
+    return Worker.of("nvrx_lab.train", *extra, **flags)
+
+
+class _Head:
+    """A launcher command: its module, its flags (the dataclass fields) and how the worker follows."""
+
+    module: ClassVar[str]
+
+    def flags(self) -> list[tuple[str, str | None]]:
+        return flags_of((f.name, getattr(self, f.name)) for f in dataclasses.fields(self))
+
+    def worker_args(self, worker: Worker | Sequence[str]) -> list[str]:
+        return worker.args() if isinstance(worker, Worker) else [str(a) for a in worker]
+
+    def argv(self, worker: Worker | Sequence[str]) -> list[str]:
+        """The full command line: ``python -m MODULE FLAGS… WORKER…`` (``worker`` may be raw arguments)."""
+        return [sys.executable, "-m", self.module, *flat(self.flags()), *self.worker_args(worker)]
+
+
+@dataclass(frozen=True)
+class Torchrun(_Head):
+    """``python -m torch.distributed.run``: a static store (``master_*``) or a c10d rendezvous (``rdzv_*``)."""
+
+    nnodes: int | str | None = None
+    nproc_per_node: int | str = 1
+    """Workers on this node."""
+    node_rank: int | str | None = None
+    master_addr: str | None = None
+    master_port: int | str | None = None
+    """Static store on rank 0's node (the in-process restart store uses the next port)."""
+    rdzv_backend: str | None = None
+    rdzv_endpoint: str | None = None
+    """``HOST:PORT`` of the c10d rendezvous store."""
+    rdzv_id: str | None = None
+    rdzv_conf: str | None = None
+    local_addr: str | None = None
+    max_restarts: int | str | None = None
+    """Restarts of the worker group after a failure (torchrun's default: 0)."""
+    monitor_interval: float | str | None = None
+    """Seconds between checks of the workers."""
+    shutdown_timeout: float | None = None
+    """Seconds between SIGTERM and SIGKILL when workers are stopped."""
+
+    module: ClassVar[str] = "torch.distributed.run"
+
+    @classmethod
+    def local(cls, nproc: int, port: int | None = None, **flags: Value):
+        """``nproc`` workers here, rank 0's static store on 127.0.0.1 and a free port pair."""
+        return cls(nproc_per_node=nproc, master_addr=LOOPBACK, master_port=port or free_port_pair(), **flags)
+
+    @classmethod
+    def c10d(cls, nproc: int, port: int | None = None, **flags: Value):
+        """``nproc`` workers here, a c10d rendezvous on 127.0.0.1 and a free port pair."""
+        return cls(nproc_per_node=nproc, rdzv_backend="c10d", rdzv_endpoint=f"{LOOPBACK}:{port or free_port_pair()}",
+                   **flags)
+
+
+@dataclass(frozen=True)
+class Launcher(Torchrun):
+    """``python -m nvrx_lab.launcher``: torchrun's flags, then heartbeats, sections and the restart policy."""
+
+    heartbeat_timeout: float | None = None
+    """Seconds without a heartbeat, after the first one, before a rank counts as hung."""
+    initial_heartbeat_timeout: float | None = None
+    """Seconds allowed until the first heartbeat."""
+    section_timeouts: str | None = None
+    """``NAME=S,…``: timeouts inside sections."""
+    restart_policy: str | None = None
+    """``any-failed`` (the whole group) or ``min-healthy`` (only dead or hung ranks count)."""
+    min_healthy: int | None = None
+    no_standby: bool = False
+    """Start workers cold (torchelastic) instead of from warm standby processes."""
+    metrics_file: str | Path | None = None
+    """Restart events join this event stream."""
+    config: str | Path | None = None
+    """YAML file with any of the launcher's settings."""
+
+    module: ClassVar[str] = "nvrx_lab.launcher"
+
+    @classmethod
+    def local(cls, nproc: int, port: int | None = None, **flags: Value):
+        """``nproc`` workers here; the launcher always meets over c10d (127.0.0.1, a free port pair)."""
+        return cls.c10d(nproc, port, **flags)
+
+
+@dataclass(frozen=True)
+class Spawn(_Head):
+    """``python -m nvrx_lab.inprocess.spawn``: ranks as plain processes that outlive a dead peer."""
+
+    nproc: int = 2
+    master_port: int | None = None
+    """MASTER_PORT given to the ranks (default: a free pair)."""
+    timeout: float | None = None
+    """Kill every rank after this many seconds."""
+
+    module: ClassVar[str] = "nvrx_lab.inprocess.spawn"
+
+    def worker_args(self, worker: Worker | Sequence[str]) -> list[str]:
+        return ["--", sys.executable, *super().worker_args(worker)]
+
+
+def head_for(restart: str, nproc: int, port: int | None = None, spawn: bool = False,
+             **launcher: Value) -> Torchrun | Launcher | Spawn:
+    """What launches the trainer with ``--restart RESTART`` here: :class:`Launcher` (with the ``launcher``
+    flags) for ``launcher`` and ``launcher+inprocess``; else torchrun's static store, or :class:`Spawn` for
+    ``inprocess`` when ``spawn`` (torchrun stops the survivors of a SIGKILL; spawn lets them go on)."""
+    if restart.startswith("launcher"):
+        return Launcher.local(nproc, port, **launcher)
+    if spawn and restart == "inprocess":
+        return Spawn(nproc, master_port=port)
+    return Torchrun.local(nproc, port)
 
 
 @dataclass
@@ -21,39 +207,58 @@ class RunResult:
     cmd: list[str]
     returncode: int
     output: str
+    """stdout and stderr, interleaved (the log file's text when run with ``log=``)."""
     wall_s: float
     timed_out: bool = False
 
-    def check(self) -> "RunResult":
+    def check(self) -> RunResult:
         if self.returncode != 0:
             raise RuntimeError(f"exit code {self.returncode}: {' '.join(self.cmd)}\n{self.output[-3000:]}")
         return self
 
 
-def run(cmd: list[str], timeout: float = 300, env: dict | None = None, cwd: str | os.PathLike | None = None) -> RunResult:
-    """Run ``cmd`` in a new session; on timeout the whole process group is killed and the result says so."""
+def _killpg(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def run(cmd: Sequence[str], timeout: float = 300, env: dict | None = None, cwd: str | os.PathLike | None = None,
+        log: str | os.PathLike | None = None, kill_leftovers: bool = True) -> RunResult:
+    """Run ``cmd`` in a new session with ``OMP_NUM_THREADS=1`` and ``env`` over this environment; output
+    captured, or written to the file ``log``. On timeout the whole process group is killed and the result
+    says so; after the leader exits, whatever is left of its group (a hung rank, a writer) is killed too,
+    unless ``kill_leftovers`` is false (a caller that counts what a job leaves behind)."""
+    cmd = [str(c) for c in cmd]
     t0 = time.perf_counter()
     timed_out = False
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}, cwd=cwd)
+    sink = open(log, "w") if log is not None else None
     try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        out += f"\n[nvrx_lab.runner] killed after {timeout} s"
-        timed_out = True
-    finally:
+        proc = subprocess.Popen(cmd, stdout=sink or subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True, cwd=cwd,
+                                env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
         try:
-            os.killpg(proc.pid, signal.SIGKILL)  # leftovers of the group (a hung rank, a writer)
-        except ProcessLookupError:
-            pass
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _killpg(proc.pid)
+            out, _ = proc.communicate()
+            timed_out = True
+        finally:
+            if kill_leftovers or timed_out:
+                _killpg(proc.pid)
+    finally:
+        if sink is not None:
+            sink.close()
+    out = Path(log).read_text(errors="replace") if log is not None else out
+    if timed_out:
+        out += f"\n[nvrx_lab.runner] killed after {timeout} s"
     return RunResult(cmd, proc.returncode, out, time.perf_counter() - t0, timed_out)
 
 
 def torchrun(nproc: int, *args: str, timeout: float = 300, env: dict | None = None, port: int | None = None) -> RunResult:
-    """``python -m torch.distributed.run --nproc-per-node N ARGS…`` on 127.0.0.1 and a free port."""
-    port = port or free_port_pair()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-           "--master-addr", "127.0.0.1", "--master-port", str(port), *args]
-    return run(cmd, timeout, env)
+    """``python -m torch.distributed.run --nproc-per-node N ARGS…`` on 127.0.0.1 and a free port pair."""
+    return run(Torchrun.local(nproc, port).argv(args), timeout, env)
+
+
+__all__ = ["Launcher", "RunResult", "Spawn", "Torchrun", "Worker", "flags_of", "flat", "head_for", "run", "torchrun", "trainer"]

@@ -23,25 +23,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from nvrx_lab.train import TrainConfig
+    from nvrx_lab.config import TrainConfig
 
 RUN_FILE = "run.json"
 IDENTITY = ("seed", "vocab_size", "seq_len", "global_batch", "dim", "n_layers", "n_heads", "hidden_dim",
-            "tie_embeddings")
+            "tie_embeddings", "rope_theta", "norm_eps")
 """Flags a resumed run must keep: the checkpointed state and the token stream depend on them."""
 
 
-def identity(cfg: "TrainConfig") -> dict:
+def identity(cfg: TrainConfig) -> dict:
     return {name: getattr(cfg, name) for name in IDENTITY}
 
 
-def run_file(cfg: "TrainConfig") -> Path | None:
+def run_file(cfg: TrainConfig) -> Path | None:
     if cfg.ckpt != "none" and cfg.ckpt_dir:
         return Path(cfg.ckpt_dir) / RUN_FILE
     return Path(cfg.metrics).with_suffix(".run.json") if cfg.metrics else None
 
 
-def recorded(cfg: "TrainConfig") -> dict:
+def recorded(cfg: TrainConfig) -> dict:
     path = run_file(cfg)
     try:
         return json.loads(path.read_text()) if path is not None and path.exists() else {}
@@ -49,7 +49,7 @@ def recorded(cfg: "TrainConfig") -> dict:
         return {}  # unreadable: the loader's own checks still stand
 
 
-def is_new_run(cfg: "TrainConfig", restart_count: int) -> bool:
+def is_new_run(cfg: TrainConfig, restart_count: int) -> bool:
     from nvrx_lab.checkpoint.commit import committed_steps
 
     if restart_count > 0 or (cfg.ckpt != "none" and committed_steps(Path(cfg.ckpt_dir))):
@@ -57,7 +57,7 @@ def is_new_run(cfg: "TrainConfig", restart_count: int) -> bool:
     return not (cfg.run_id and recorded(cfg).get("run_id") == cfg.run_id)
 
 
-def check_resume(cfg: "TrainConfig") -> None:
+def check_resume(cfg: TrainConfig) -> None:
     """Raise ``ValueError`` naming each flag that differs from the run the checkpoints belong to."""
     saved = recorded(cfg)
     differ = [f"--{k.replace('_', '-')} {getattr(cfg, k)} (the run has {saved[k]})"
@@ -67,7 +67,7 @@ def check_resume(cfg: "TrainConfig") -> None:
                          "resume with the run's values, or pass a new --ckpt-dir (or --metrics)")
 
 
-def begin(cfg: "TrainConfig", rank: int, restart_count: int, fault_file: Path | None) -> bool:
+def begin(cfg: TrainConfig, rank: int, restart_count: int, fault_file: Path | None) -> bool:
     """Check a continuation and, for a new run, reset what an earlier run left; returns ``new_run``."""
     new_run = is_new_run(cfg, restart_count)
     if not new_run:

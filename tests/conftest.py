@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from nvrx_lab.net import free_port_pair
 from nvrx_lab.reliability.trainer import curve_problem
-from nvrx_lab.runner import run
+from nvrx_lab.runner import Torchrun, run
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def torchrun_cmd(nproc: int, port: int, *args: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-            "--master-addr", "127.0.0.1", "--master-port", str(port), *args]
 
 
 def run_group(cmd: list[str], timeout: float, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -45,6 +39,6 @@ def torchrun(port):
     """``torchrun(nproc, *args, timeout=...)`` → CompletedProcess; asserts nothing itself."""
 
     def run(nproc: int, *args: str, timeout: float = 120, env: dict | None = None):
-        return run_group(torchrun_cmd(nproc, port, *args), timeout, env)
+        return run_group(Torchrun.local(nproc, port).argv(args), timeout, env)
 
     return run

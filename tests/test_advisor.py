@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from nvrx_lab.advisor import advise, checkpoint_efficiency, daly_interval, expected_goodput
+from nvrx_lab.advisor import advise, checkpoint_efficiency, crashloop_delay, daly_interval, expected_goodput
 
 
 def test_daly_approaches_young_when_writes_are_cheap():
@@ -32,3 +32,8 @@ def test_advise_maximises_expected_goodput():
     b = advise(step_s=1.0, write_s=60, mtbf_s=3600 * 4, restart_s=30, async_=True, stage_s=0.5)
     assert b.interval_steps < a.interval_steps and b.expected_goodput > a.expected_goodput
     assert 0 < b.expected_goodput <= 1
+
+
+def test_crashloop_delay_doubles_to_kubelets_cap():
+    assert [crashloop_delay(i) for i in (1, 2, 3)] == [20.0, 30.0, 50.0]  # 10 s pod restart + 10, 20, 40 s back-off
+    assert crashloop_delay(10) == 310.0 and crashloop_delay(1, 10.0, time_scale=0.1) == pytest.approx(2.0)

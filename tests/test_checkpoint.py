@@ -11,9 +11,16 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from nvrx_lab.checkpoint import (AsyncCheckpointer, CheckpointCorruptError, CheckpointError, CheckpointNotFoundError,
-                                 committed_steps, step_dir)
+from nvrx_lab.checkpoint import (
+    AsyncCheckpointer,
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointNotFoundError,
+    committed_steps,
+    step_dir,
+)
 from nvrx_lab.checkpoint.integrity import file_entry
+from nvrx_lab.checkpoint.throttle import Throttle, check_bandwidth
 
 
 def make_state(seed: int = 0) -> dict:
@@ -64,7 +71,7 @@ def assert_same(a, b, where="state"):
             assert_same(a[k], b[k], f"{where}.{k}")
     elif isinstance(a, list):
         assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             assert_same(x, y, f"{where}[{i}]")
     else:
         assert a == b, f"{where}: {a!r} != {b!r}"
@@ -247,4 +254,15 @@ def test_bad_directories_give_clear_errors(tmp_path):
         with pytest.raises(ValueError, match="step must be an int"):
             good.save({"w": torch.ones(2)}, step=bad)
     with pytest.raises(ValueError, match="write_bandwidth"):
-        AsyncCheckpointer(tmp_path / "x", write_bandwidth=0, start_writer=False)
+        AsyncCheckpointer(tmp_path / "x", write_bandwidth=-1, start_writer=False)
+
+
+def test_one_bandwidth_rule_none_or_zero_is_no_cap():
+    for no_cap in (None, 0, 0.0):
+        assert check_bandwidth(no_cap) is None and Throttle(no_cap).bandwidth is None
+    assert check_bandwidth(1 << 20) == float(1 << 20)
+    for bad in (-1, float("nan"), "3", True):
+        with pytest.raises(ValueError, match="--ckpt-write-bandwidth must be .*> 0.*0 .*no cap"):
+            check_bandwidth(bad, "--ckpt-write-bandwidth")
+        with pytest.raises(ValueError, match="write_bandwidth"):
+            Throttle(bad)

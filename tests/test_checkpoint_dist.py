@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,24 +9,15 @@ import torch
 from torch import nn
 
 from nvrx_lab.checkpoint import AsyncCheckpointer, step_dir
-from nvrx_lab.net import free_port
+from nvrx_lab.runner import Torchrun, Worker, run
 
 WORKER = Path(__file__).parent / "workers" / "ckpt_fsdp.py"
 
 
 def torchrun(nproc: int, *args: str, timeout: float = 100) -> str:
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--nnodes=1",
-           "--master-addr=127.0.0.1", f"--master-port={free_port()}", str(WORKER), *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 0, out[-4000:]
-    return out
+    res = run(Torchrun.local(nproc, nnodes=1).argv(Worker.of(WORKER, *args)), timeout)
+    assert not res.timed_out and res.returncode == 0, res.output[-4000:]
+    return res.output
 
 
 @pytest.fixture(scope="module")

@@ -63,7 +63,8 @@ def test_every_mode_renders_and_validates_strictly(mode):
     validate(ms)
     kinds = [m["kind"] for m in ms]
     launcher = MODES[mode].uses_launcher
-    assert kinds == ["Namespace", "PersistentVolume", "PersistentVolumeClaim"] + (["ConfigMap"] if launcher else []) + ["Service", "Job"]
+    assert kinds == (["Namespace", "PersistentVolume", "PersistentVolumeClaim"] + (["ConfigMap"] if launcher else [])
+                     + ["Service", "Job"])
     assert yaml.safe_load_all(to_yaml(ms)) and list(yaml.safe_load_all(to_yaml(ms))) == ms  # comments only, same data
 
 
@@ -170,9 +171,11 @@ def test_per_mode_commands_and_restart_policies():
         cfg = yaml.safe_load(find(ms[m], "ConfigMap")[0]["data"]["launcher.yaml"])
         assert cfg["heartbeat_timeout"] == 300 and cfg["section_timeouts"] == "checkpoint=600"
         mounts = {v["mountPath"] for v in container_of(ms[m])["volumeMounts"]}
-        assert "/etc/nvrx_lab" in mounts and "--config=/etc/nvrx_lab/launcher.yaml" in scripts[m]
+        assert "/etc/nvrx_lab" in mounts and '--config="${LAUNCHER_CONFIG}"' in scripts[m]
+        assert env_of(ms[m])["LAUNCHER_CONFIG"]["value"] == "/etc/nvrx_lab/launcher.yaml"
     assert yaml.safe_load(find(ms["ft_launcher"], "ConfigMap")[0]["data"]["launcher.yaml"])["restart_policy"] == "any-failed"
-    assert yaml.safe_load(find(ms["ft_launcher+inprocess"], "ConfigMap")[0]["data"]["launcher.yaml"])["restart_policy"] == "min-healthy"
+    config = find(ms["ft_launcher+inprocess"], "ConfigMap")[0]["data"]["launcher.yaml"]
+    assert yaml.safe_load(config)["restart_policy"] == "min-healthy"
     assert "--ckpt=async" in scripts["async_ckpt"] and "--ckpt=sync" in scripts["baseline"]
     assert "--restart=inprocess" in scripts["inprocess"] and "--restart=launcher+inprocess" in scripts["ft_launcher+inprocess"]
     for m, x in ms.items():
@@ -242,7 +245,8 @@ def test_never_privileged_only_ipc_lock_and_no_inline_secrets(mode):
 def test_committed_manifests_do_not_drift_from_the_renderer(tmp_path):
     fresh = {p.name: p.read_text() for p in write_manifests(tmp_path)}
     committed = {p.name: p.read_text() for p in (ROOT / "manifests").glob("*.yaml")}
-    assert set(committed) == set(fresh), "manifests/ has stale or missing files: run python -m nvrx_lab.eks render --out manifests/"
+    assert set(committed) == set(fresh), \
+        "manifests/ has stale or missing files: run python -m nvrx_lab.eks render --out manifests/"
     for name, text in fresh.items():
         assert committed[name] == text, f"manifests/{name} drifted: run python -m nvrx_lab.eks render --out manifests/"
     for text in committed.values():

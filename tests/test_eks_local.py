@@ -27,9 +27,8 @@ def test_plan_maps_dns_ports_gpus_and_paths_and_drops_host_secrets(tmp_path, mon
         assert p.env["RUN_DIR"] == str(tmp_path / "pvc" / "fsx-claim" / "llama-ft")  # FSx -> a shared directory
         assert p.env["HF_TOKEN"] == "hf_from_secret" and "AWS_SECRET_ACCESS_KEY" not in p.env
         assert p.env["CUDA_VISIBLE_DEVICES"] == ""
-        script = p.argv[2]
-        assert p.argv[:2] == ["/bin/bash", "-c"] and "/etc/nvrx_lab" not in script
-        assert f"--config={tmp_path}/configmap/llama-ft-launcher/launcher.yaml" in script
+        assert p.argv[:2] == ["/bin/bash", "-c"] and '--config="${LAUNCHER_CONFIG}"' in p.argv[2]  # run as written
+        assert p.env["LAUNCHER_CONFIG"] == f"{tmp_path}/configmap/llama-ft-launcher/launcher.yaml"
     assert (tmp_path / "configmap" / "llama-ft-launcher" / "launcher.yaml").read_text().startswith("# nvrx_lab.launcher")
     assert run.local_path("/fsx/llama-ft/metrics.jsonl") == tmp_path / "pvc" / "fsx-claim" / "llama-ft" / "metrics.jsonl"
     with pytest.raises(ValueError, match="is not under any volume mount"):
@@ -64,7 +63,7 @@ def test_real_trainer_under_local_run(mode, tmp_path):
     fields = {f.name for f in dataclasses.fields(train.TrainConfig)}
     missing = {"ckpt", "ckpt_interval", "ckpt_dir", "restart"} - fields
     assert not missing, f"nvrx_lab.train has no {sorted(missing)} flags"
-    # One save (step 3): the trainer computes heartbeat timeouts only after a second save (see layers.Monitor).
+    # One save (step 3): the trainer computes heartbeat timeouts only after a second save (see layers.LauncherHooks).
     s = JobSpec(name="tiny", image="i", nodes=2, mode=mode, steps=4, global_batch=16, ckpt_interval=3, train_extra=TINY,
                 initial_heartbeat_timeout=60, heartbeat_timeout=30)
     run = local_run(render(s), workdir=tmp_path, timeout_s=130)
@@ -74,3 +73,18 @@ def test_real_trainer_under_local_run(mode, tmp_path):
     assert {e["world_size"] for e in events if e["kind"] == "start"} == {2}  # 2 nodes x (8 GPUs -> 1 CPU worker)
     assert "rank 0 at 127.0.0.1" in run.log(1)  # <job>-0.<job> -> loopback
     assert any(run.local_path("/fsx/tiny/ckpt").iterdir())
+
+
+
+def test_manifests_read_back_from_yaml_plan_the_same_pods(tmp_path):
+    """The committed YAML runs as it is written: nothing in the script depends on the JobSpec it came from."""
+    import yaml
+
+    from nvrx_lab.eks import to_yaml
+
+    s = JobSpec(name="llama-ft", image="i", nodes=2, mode="ft_launcher")
+    from_yaml = [m for m in yaml.safe_load_all(to_yaml(render(s))) if m]
+    direct, again = plan(render(s), tmp_path / "a"), plan(from_yaml, tmp_path / "b")
+    assert [p.argv for p in direct.pods] == [p.argv for p in again.pods]
+    assert again.pods[0].env["LAUNCHER_CONFIG"] == str(tmp_path / "b" / "configmap" / "llama-ft-launcher" / "launcher.yaml")
+    assert (tmp_path / "b" / "configmap" / "llama-ft-launcher" / "launcher.yaml").exists()

@@ -36,7 +36,7 @@ def _launcher_argv(script: str, index: int, workdir: Path) -> list[str]:
     (workdir / "python").chmod(0o755)
     env = {"PATH": f"{workdir}:{os.environ['PATH']}", "JOB_COMPLETION_INDEX": str(index), "NNODES": "12",
            "NPROC_PER_NODE": "8", "RANK0_HOST": "llama-ft-0.llama-ft", "RDZV_PORT": "29400", "MASTER_PORT": "29500",
-           "RUN_DIR": str(workdir / "run")}
+           "RUN_DIR": str(workdir / "run"), "LAUNCHER_CONFIG": "/etc/nvrx_lab/launcher.yaml"}
     out = subprocess.run(["/bin/bash", "-c", script], env=env, capture_output=True, text=True, timeout=30, check=True)
     return out.stdout.splitlines()
 

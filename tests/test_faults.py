@@ -79,3 +79,15 @@ def test_phases_fire_only_in_their_phase(tmp_path):
     inject.during("load", 5)  # once only
     with pytest.raises(InjectedFault):
         inject.during("save", 5)
+
+
+def test_attempts_are_for_callers_that_know_their_attempt():
+    kinds = ("exception", "hang", "sigkill")
+    faults = parse_schedule("1:0:4:exception,0:1-2:7:hang,2:*:9:sigkill", kinds=kinds, with_attempts=True)
+    assert [f.fires_in(1) for f in faults] == [False, True, True]
+    assert faults[0] == Fault(1, 4, "exception", attempts=range(0, 1)) and faults[2].attempts is None
+    assert parse_schedule(format_schedule(faults), kinds=kinds, with_attempts=True) == faults
+    with pytest.raises(ValueError, match="ATTEMPTS .* is for the demo workers"):
+        parse_schedule("1:0:4:exception")  # the trainer fires each fault once instead
+    with pytest.raises(ValueError, match="'3-1' is an empty range"):
+        parse_schedule("1:3-1:4:exception", with_attempts=True)

@@ -21,8 +21,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from nvrx_lab.inprocess import (AbortTorchDistributed, ConfigError, CudaHealthCheck, HealthCheckError, State,
-                                Wrapper, abort, default_health_check, teardown)
+from nvrx_lab.inprocess import (
+    AbortTorchDistributed,
+    ConfigError,
+    CudaHealthCheck,
+    HealthCheckError,
+    State,
+    Wrapper,
+    abort,
+    default_health_check,
+    teardown,
+)
 from nvrx_lab.inprocess.call_wrapper import CallWrapper, uses_nccl
 from nvrx_lab.inprocess.interrupt import SocketTracker
 
@@ -172,7 +181,7 @@ def test_abort_aborts_nccl_before_cutting_sockets(monkeypatch):
 def test_gloo_sockets_are_tracked_and_the_nccl_connect_is_not():
     rc, out, rows = spawn(WORKERS / "inprocess_fds.py", 2, timeout=50)
     assert sorted(rows) == [0, 1], out[-4000:]
-    for rank, (row,) in rows.items():
+    for (row,) in rows.values():
         assert row["gloo_tracked"] >= 1, row  # the pair to the other rank
         assert row["fake_tracked"] == 0 and row["store_tracked"] == 0, row
         assert row["fake_alive_after_cut"] is True, row

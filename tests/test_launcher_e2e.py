@@ -6,10 +6,6 @@ tests/workers/launcher_worker.py`` in its own session with a bounded wait, reads
 worker process is left behind.
 """
 
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,41 +13,24 @@ import psutil
 import pytest
 
 from nvrx_lab.events import read_events
-from nvrx_lab.net import free_port
+from nvrx_lab.runner import Launcher, Worker, run
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = str(ROOT / "tests" / "workers" / "launcher_worker.py")
 
 
-def launch(tmp_path, launcher_flags, worker_flags, timeout=60):
+def launch(tmp_path, launcher_flags: dict, worker_flags: list[str], timeout=60):
+    """The launcher (``launcher_flags``: :class:`~nvrx_lab.runner.Launcher` fields) running 2 workers."""
     metrics = tmp_path / "events.jsonl"
-    cmd = [sys.executable, "-m", "nvrx_lab.launcher", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-           "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--monitor-interval", "0.1",
-           "--metrics-file", str(metrics), *launcher_flags, WORKER, "--metrics", str(metrics), *worker_flags]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "LOGLEVEL": "WARNING"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    finally:
-        descendants = []
-        try:
-            descendants = psutil.Process(proc.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            pass
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        for p in descendants:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
-    assert not descendants, f"processes left behind: {descendants}"
+    launcher = Launcher.local(2, monitor_interval=0.1, metrics_file=metrics, **launcher_flags)
+    res = run(launcher.argv(Worker.of(WORKER, *worker_flags, metrics=metrics)), timeout,
+              env={"PYTHONPATH": str(ROOT), "LOGLEVEL": "WARNING"})
+    if res.timed_out:
+        pytest.fail(f"timed out after {timeout} s (process group killed):\n{res.output[-4000:]}")
     leftovers = [p for p in psutil.process_iter(["cmdline"]) if str(metrics) in " ".join(p.info["cmdline"] or [])]
     assert not leftovers, f"orphaned workers: {leftovers}"
-    print(out[-3000:])
-    return proc.returncode, out, read_events(metrics)
+    print(res.output[-3000:])
+    return res.returncode, res.output, read_events(metrics)
 
 
 def steps_by_restart(events):
@@ -65,7 +44,7 @@ def steps_by_restart(events):
 @pytest.mark.timeout(90)
 def test_sigkill_then_hang_both_restart_without_standby(tmp_path):
     """Plain torchelastic process start: a SIGKILL (attempt 0) and a hang (attempt 1) both recover."""
-    rc, out, ev = launch(tmp_path, ["--max-restarts", "3", "--heartbeat-timeout", "2", "--no-standby"],
+    rc, out, ev = launch(tmp_path, dict(max_restarts=3, heartbeat_timeout=2, no_standby=True),
                          ["--steps", "12", "--fault", "kill", "--fault-restarts", "0"])
     assert rc == 0, out
     fail = [e for e in ev if e["kind"] == "launcher_failure"]
@@ -78,7 +57,7 @@ def test_sigkill_then_hang_both_restart_without_standby(tmp_path):
 
 @pytest.mark.timeout(90)
 def test_hangs_detected_and_restarted_with_standby(tmp_path):
-    rc, out, ev = launch(tmp_path, ["--max-restarts", "3", "--heartbeat-timeout", "2"],
+    rc, out, ev = launch(tmp_path, dict(max_restarts=3, heartbeat_timeout=2),
                          ["--steps", "12", "--fault", "hang", "--fault-restarts", "0-1"])
     assert rc == 0, out
     fail = [e for e in ev if e["kind"] == "launcher_failure" and e["rank"] == 1]
@@ -96,11 +75,11 @@ def test_long_phase_inside_section_is_not_a_hang_but_outside_it_is(tmp_path):
     ok_dir, bad_dir = tmp_path / "ok", tmp_path / "bad"
     ok_dir.mkdir(), bad_dir.mkdir()
     slow = ["--steps", "6", "--fault", "slow", "--fault-step", "2", "--slow-s", "4"]
-    rc, out, ev = launch(ok_dir, ["--max-restarts", "0", "--heartbeat-timeout", "1.5",
-                                  "--section-timeouts", "checkpoint=20"], [*slow, "--section", "checkpoint"])
+    rc, out, ev = launch(ok_dir, dict(max_restarts=0, heartbeat_timeout=1.5, section_timeouts="checkpoint=20"),
+                         [*slow, "--section", "checkpoint"])
     assert rc == 0, out
     assert not [e for e in ev if e["kind"].startswith("launcher_")]
-    rc, out, ev = launch(bad_dir, ["--max-restarts", "0", "--heartbeat-timeout", "1.5"], slow)
+    rc, out, ev = launch(bad_dir, dict(max_restarts=0, heartbeat_timeout=1.5), slow)
     assert rc == 1, out  # the same phase without a section: a false hang, killed
     assert [e["reason"] for e in ev if e["kind"] == "launcher_failure"][:1] == ["hang"]
     assert "no restarts left" in out
@@ -110,8 +89,7 @@ def test_long_phase_inside_section_is_not_a_hang_but_outside_it_is(tmp_path):
 def test_min_healthy_stops_the_hung_rank_and_lets_the_survivor_finish(tmp_path):
     """The survivor's stand-in for the in-process wrapper gives up on its peer after 1.5 s (gloo timeout),
     before the launcher's 4 s heartbeat timeout (as NVRx advises: launcher timeouts above in-process ones)."""
-    rc, out, ev = launch(tmp_path, ["--max-restarts", "2", "--heartbeat-timeout", "4", "--restart-policy",
-                                    "min-healthy", "--min-healthy", "1"],
+    rc, out, ev = launch(tmp_path, dict(max_restarts=2, heartbeat_timeout=4, restart_policy="min-healthy", min_healthy=1),
                          ["--steps", "40", "--fault", "hang", "--fault-step", "3", "--on-peer-loss", "continue",
                           "--pg-timeout", "1.5"])
     assert rc == 0, out
@@ -126,7 +104,7 @@ def test_min_healthy_stops_the_hung_rank_and_lets_the_survivor_finish(tmp_path):
 def test_usage_error_stops_at_once_without_restart(tmp_path):
     """Exit 2 (a bad flag) fails the same way on every attempt: one attempt, launcher exits 2."""
     t0 = time.monotonic()
-    rc, out, ev = launch(tmp_path, ["--max-restarts", "3"],
+    rc, out, ev = launch(tmp_path, dict(max_restarts=3),
                          ["--steps", "6", "--fault", "exit", "--exit-code", "2", "--fault-step", "1",
                           "--fault-restarts", "0-9"])
     wall = time.monotonic() - t0
@@ -142,7 +120,7 @@ def test_usage_error_stops_at_once_without_restart(tmp_path):
 
 @pytest.mark.timeout(90)
 def test_bad_worker_flag_exits_2_without_restart(tmp_path):
-    rc, out, _ = launch(tmp_path, ["--max-restarts", "3"], ["--steps", "three"])
+    rc, out, _ = launch(tmp_path, dict(max_restarts=3), ["--steps", "three"])
     assert rc == 2, out
     assert "invalid int value: 'three'" in out and "(usage error): not restarting" in out
     assert "restart 1/3" not in out
@@ -150,7 +128,7 @@ def test_bad_worker_flag_exits_2_without_restart(tmp_path):
 
 @pytest.mark.timeout(90)
 def test_exit_1_is_still_restarted(tmp_path):
-    rc, out, ev = launch(tmp_path, ["--max-restarts", "1"],
+    rc, out, ev = launch(tmp_path, dict(max_restarts=1),
                          ["--steps", "4", "--fault", "exit", "--exit-code", "1", "--fault-step", "1"])
     assert rc == 0, out
     fail = {e["rank"]: e for e in ev if e["kind"] == "launcher_failure"}  # rank 0 may have lost its peer too

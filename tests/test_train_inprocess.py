@@ -4,8 +4,8 @@ same processes, resume from the async checkpoint, and land on the very same loss
 from __future__ import annotations
 
 import pytest
-
 from conftest import assert_one_curve
+
 from nvrx_lab.events import read_events
 
 
@@ -13,7 +13,8 @@ from nvrx_lab.events import read_events
 def test_exception_and_hang_restart_in_process_onto_the_same_curve(torchrun, tmp_path):
     metrics = tmp_path / "m.jsonl"
     res = torchrun(2, "-m", "nvrx_lab.train", "--restart", "inprocess", "--soft-timeout", "3", "--hard-timeout", "30",
-                   "--ckpt", "async", "--ckpt-dir", str(tmp_path / "ckpt"), "--ckpt-interval", "3", "--ckpt-wait-writer", "--steps", "14",
+                   "--ckpt", "async", "--ckpt-dir", str(tmp_path / "ckpt"), "--ckpt-interval", "3", "--ckpt-wait-writer",
+                   "--steps", "14",
                    "--faults", "1:7:exception,1:11:hang", "--metrics", str(metrics), "--log-every", "0",
                    "--global-batch", "4", "--seq-len", "32", timeout=130)
     assert res.returncode == 0, res.stdout[-4000:]

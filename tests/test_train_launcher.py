@@ -3,23 +3,21 @@ restarted workers resume from the async checkpoint onto the very same loss curve
 
 from __future__ import annotations
 
-import sys
 import pytest
-
 from conftest import assert_one_curve, run_group
+
 from nvrx_lab.events import read_events
 from nvrx_lab.goodput import analyze
+from nvrx_lab.runner import Launcher, trainer
 
 
 @pytest.mark.timeout(200)
 def test_sigkill_and_hang_recovered_onto_the_same_curve(port, tmp_path):
     metrics = tmp_path / "m.jsonl"
-    cmd = [sys.executable, "-m", "nvrx_lab.launcher", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-           "--rdzv-endpoint", f"127.0.0.1:{port}", "--max-restarts", "3", "--heartbeat-timeout", "3",
-           "--initial-heartbeat-timeout", "60", "--monitor-interval", "0.2", "--metrics-file", str(metrics),
-           "-m", "nvrx_lab.train", "--restart", "launcher", "--ckpt", "async", "--ckpt-dir", str(tmp_path / "ckpt"),
-           "--ckpt-interval", "3", "--steps", "14", "--faults", "1:8:sigkill,1:12:hang", "--metrics", str(metrics),
-           "--log-every", "0", "--global-batch", "4", "--seq-len", "32"]
+    launcher = Launcher.local(2, port, max_restarts=3, heartbeat_timeout=3, initial_heartbeat_timeout=60,
+                              monitor_interval=0.2, metrics_file=metrics)
+    cmd = launcher.argv(trainer(restart="launcher", ckpt="async", ckpt_dir=tmp_path / "ckpt", ckpt_interval=3, steps=14,
+                                faults="1:8:sigkill,1:12:hang", metrics=metrics, log_every=0, global_batch=4, seq_len=32))
     res = run_group(cmd, timeout=180)
     assert res.returncode == 0, res.stdout[-4000:]
     assert "killed by SIGKILL; restart 1/3" in res.stdout

@@ -34,7 +34,8 @@ from pathlib import Path
 
 import torch
 
-from nvrx_lab.bench._table import median, p95, report
+from nvrx_lab.demo_state import equal, make_state, mutate, zeros_like
+from nvrx_lab.table import median, p95, report
 
 METHODS = ["memcpy", "nvrx_async", "nvrx_sync", "torch.save", "dcp.save", "dcp.async_save[thread]",
            "dcp.async_save[process]", "nvrx_peer.TorchAsyncCheckpoint"]
@@ -42,30 +43,6 @@ METHODS = ["memcpy", "nvrx_async", "nvrx_sync", "torch.save", "dcp.save", "dcp.a
 
 def _rss_mib(who=resource.RUSAGE_SELF) -> float:
     return resource.getrusage(who).ru_maxrss / 1024
-
-
-def make_state(mib: float) -> dict:
-    n = 16
-    numel = max(1, int(mib * (1 << 20)) // 4 // n)
-    g = torch.Generator().manual_seed(0)
-    state = {f"layer{i}.weight": torch.randn(numel, generator=g) for i in range(n)}
-    state["norm.bf16"] = torch.randn(1024, generator=g).to(torch.bfloat16)
-    state["step"] = 0
-    return state
-
-
-def zeros_like(state: dict) -> dict:
-    return {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else -1 for k, v in state.items()}
-
-
-def mutate(state: dict) -> None:
-    for v in state.values():
-        if isinstance(v, torch.Tensor):
-            v.add_(1)
-
-
-def equal(a: dict, b: dict) -> bool:
-    return all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a)
 
 
 class Method:
@@ -135,6 +112,7 @@ class Method:
 def run_one(name: str, mib: float, repeats: int, root: Path) -> dict:
     """Measure one method in this process (called in a fresh subprocess)."""
     import torch.distributed as dist
+
     from nvrx_lab.net import free_port
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(free_port()))

@@ -12,47 +12,37 @@ the step time. Expected shape: async ≥ 99.5 % where the interval's compute exc
 
 Each run is ``python -m torch.distributed.run --nproc-per-node 2 -m nvrx_lab.train --steps N --ckpt
 {none,sync,async} --ckpt-interval K --ckpt-dir D --ckpt-write-bandwidth B --metrics M.jsonl``.
+The first-order model of these figures is :func:`nvrx_lab.advisor.checkpoint_efficiency`; a
+one-process stand-in for the runs (notebook 01) is :func:`nvrx_lab.demo_state.loop_efficiency`.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
-from nvrx_lab.bench._table import median, report
 from nvrx_lab.events import read_events
-from nvrx_lab.net import free_port
+from nvrx_lab.runner import Torchrun, Value, run, trainer
+from nvrx_lab.table import median, report
 
 
-def run_trainer(workdir: Path, name: str, nproc: int, steps: int, mode: str, interval: int, bandwidth: float | None,
-                extra: list[str], timeout: float) -> list[dict]:
-    """One trainer run; returns its events (steps, saves, commits)."""
+def run_trainer(workdir: Path, name: str, nproc: int, timeout: float, extra: Sequence[str] = (), **flags: Value) -> list[dict]:
+    """One trainer run on ``nproc`` ranks with ``flags`` (then the verbatim ``extra``), its own ``--metrics`` and
+    ``--ckpt-dir`` under ``workdir``; returns its events (steps, saves, commits)."""
     metrics = workdir / f"{name}.jsonl"
     ckpt_dir = workdir / f"{name}_ckpt"
     metrics.unlink(missing_ok=True)
     shutil.rmtree(ckpt_dir, ignore_errors=True)
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1",
-           f"--master-port={free_port()}", "-m", "nvrx_lab.train", "--steps", str(steps), "--ckpt", mode,
-           "--ckpt-interval", str(interval), "--ckpt-dir", str(ckpt_dir), "--metrics", str(metrics), *extra]
-    if bandwidth:
-        cmd += ["--ckpt-write-bandwidth", str(int(bandwidth))]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        raise RuntimeError(f"{name}: trainer timed out after {timeout} s:\n{out[-3000:]}")
-    if proc.returncode:
-        hint = ("\n(the trainer does not accept the --ckpt flags yet?)" if "unrecognized arguments" in out else "")
-        raise RuntimeError(f"{name}: trainer failed (exit {proc.returncode}): {' '.join(cmd)}\n{out[-3000:]}{hint}")
+    res = run(Torchrun.local(nproc).argv(trainer(*extra, **flags, ckpt_dir=ckpt_dir, metrics=metrics)), timeout)
+    if res.timed_out:
+        raise RuntimeError(f"{name}: trainer timed out after {timeout} s:\n{res.output[-3000:]}")
+    if res.returncode:
+        hint = ("\n(the trainer does not accept the --ckpt flags yet?)" if "unrecognized arguments" in res.output else "")
+        raise RuntimeError(f"{name}: trainer failed (exit {res.returncode}): {' '.join(res.cmd)}\n{res.output[-3000:]}{hint}")
     shutil.rmtree(ckpt_dir, ignore_errors=True)
     return read_events(metrics)
 
@@ -74,50 +64,7 @@ def throughput(events: list[dict], warmup: int) -> tuple[float, float]:
     return (len(steps) - 1) / (steps[-1]["t"] - steps[0]["t"]), median([e["step_time"] for e in steps])
 
 
-def expected_efficiency(step_s: float, write_s: float, interval: int, mode: str, block_s: float = 0.0) -> float:
-    """First-order model of throughput with saves / without, for one save every ``interval`` steps.
-
-    sync: the loop stops for the whole write, ``τ / (τ + w)`` with ``τ = interval · step_s``.
-    async: the loop pays the staging ``block_s``, plus ``w − τ`` when a write outlasts the interval
-    (the next save waits for the writer): ``τ / (τ + b + max(0, w − τ))``.
-    """
-    tau = interval * step_s
-    if mode == "sync":
-        return tau / (tau + write_s)
-    if mode == "async":
-        return tau / (tau + block_s + max(0.0, write_s - tau))
-    raise ValueError(f"mode must be 'sync' or 'async', got {mode!r}")
-
-
-def loop_efficiency(ckpt, state: dict, mode: str, interval: int, steps: int, step_s: float) -> dict:
-    """In one process: a loop of ``time.sleep(step_s)`` "steps" saving with ``ckpt`` every ``interval`` steps.
-
-    A quick stand-in for the trainer runs (notebook smoke mode): the same checkpointer and throttle
-    (``ckpt.config.write_bandwidth``). Returns ``{"seconds", "save_block_s"}``; efficiency =
-    seconds(none) / seconds(mode). The last write is finished (outside the timing) before returning.
-    """
-    import time
-
-    blocks: list[float] = []
-    emit, ckpt.emit = ckpt.emit, lambda kind, **f: blocks.append(f["blocking_s"]) if kind == "ckpt_save" else None
-    try:
-        t0 = time.perf_counter()
-        for step in range(1, steps + 1):
-            time.sleep(step_s)
-            for v in state.values():  # the "optimizer" updates the state in place
-                if hasattr(v, "add_"):
-                    v.add_(1)
-            ckpt.finalize_async_save()
-            if mode != "none" and step % interval == 0:
-                (ckpt.save if mode == "sync" else ckpt.async_save)(state, step=step)
-        seconds = time.perf_counter() - t0
-        ckpt.finalize_async_save(blocking=True)
-    finally:
-        ckpt.emit = emit
-    return {"seconds": seconds, "save_block_s": median(blocks) if blocks else 0.0}
-
-
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m nvrx_lab.bench efficiency", description=__doc__.split("\n")[0])
     ap.add_argument("--intervals", type=int, nargs="+", default=[5, 10, 20], help="checkpoint intervals (steps)")
     ap.add_argument("--steps", type=int, default=100, help="steps per run")
@@ -135,13 +82,35 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.intervals, args.steps, args.warmup = [4, 8], 44, 12
-    extra = ["--step-sleep", str(args.step_sleep), *args.train_args]
+    return args
+
+
+def targets(intervals: list[int], step_time: float, write_s: float, by: dict[tuple[str, int], float]) -> list[str]:
+    """The expected shape, checked per interval: async >= 99.5 % where the compute outlasts the write,
+    async >= 2x sync where they are comparable."""
+    checks = []
+    for k in intervals:
+        if k * step_time > write_s:
+            checks.append(f"interval {k}: compute {k * step_time:.2f} s > write {write_s:.2f} s: async "
+                          f"{by[('async', k)]:.3f} (target >= 0.995)")
+        elif k * step_time > 0.5 * write_s:
+            checks.append(f"interval {k}: compute ~ write: async/sync = {by[('async', k)] / by[('sync', k)]:.2f} "
+                          f"(target >= 2)")
+    return checks
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="nvrx_bench_eff_"))
-    run = lambda name, mode, k, bw: run_trainer(work, name, args.nproc, args.steps if mode != "probe" else 4,  # noqa: E731
-                                                 "sync" if mode == "probe" else mode, k, bw, extra, args.timeout)
-    base_tp, step_time = throughput(run("none", "none", 0, None), args.warmup)
+
+    def one_run(name: str, mode: str, k: int, bw: float | None) -> list[dict]:  # the probe: 4 steps, sync saves
+        return run_trainer(work, name, args.nproc, args.timeout, args.train_args,
+                           steps=4 if mode == "probe" else args.steps, ckpt="sync" if mode == "probe" else mode,
+                           ckpt_interval=k, step_sleep=args.step_sleep, ckpt_write_bandwidth=int(bw) if bw else None)
+
+    base_tp, step_time = throughput(one_run("none", "none", 0, None), args.warmup)
     bandwidth = args.write_bandwidth
-    probe = [e for e in run("probe", "probe", 2, None) if e["kind"] == "ckpt_commit"]
+    probe = [e for e in one_run("probe", "probe", 2, None) if e["kind"] == "ckpt_commit"]
     if not probe:
         raise RuntimeError("the probe run committed no checkpoint (no ckpt_commit event in the metrics)")
     bytes_per_rank = probe[0]["bytes"] / args.nproc
@@ -152,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
              "steps_per_s": base_tp, "efficiency": 1.0, "save_block_med_s": 0.0, "commits": 0}]
     for k in args.intervals:
         for mode in ("sync", "async"):
-            events = run(f"{mode}_{k}", mode, k, bandwidth)
+            events = one_run(f"{mode}_{k}", mode, k, bandwidth)
             tp, _ = throughput(events, args.warmup)
             saves = [e["blocking_s"] for e in events if e["kind"] == "ckpt_save" and e.get("rank", 0) == 0]
             rows.append({"mode": mode, "interval": k, "interval_compute_s": k * step_time, "write_s": write_s,
@@ -160,15 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                          "commits": sum(e["kind"] == "ckpt_commit" for e in events)})
             print(f"  {mode:5s} every {k:3d}: efficiency {tp / base_tp:.3f}", flush=True)
     shutil.rmtree(work, ignore_errors=True)
-    by = {(r["mode"], r["interval"]): r["efficiency"] for r in rows}
-    checks = []
-    for k in args.intervals:
-        if k * step_time > write_s:
-            checks.append(f"interval {k}: compute {k * step_time:.2f} s > write {write_s:.2f} s: async "
-                          f"{by[('async', k)]:.3f} (target >= 0.995)")
-        elif k * step_time > 0.5 * write_s:
-            checks.append(f"interval {k}: compute ~ write: async/sync = {by[('async', k)] / by[('sync', k)]:.2f} "
-                          f"(target >= 2)")
+    checks = targets(args.intervals, step_time, write_s, {(r["mode"], r["interval"]): r["efficiency"] for r in rows})
     command = "python -m nvrx_lab.bench efficiency " + " ".join(argv if argv is not None else sys.argv[1:])
     report("efficiency", rows, args.out, command,
            extra={"bandwidth_bytes_per_s": bandwidth, "bytes_per_rank": bytes_per_rank, "step_time_s": step_time,

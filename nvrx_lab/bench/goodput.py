@@ -21,44 +21,36 @@ import sys
 import time
 from pathlib import Path
 
-from nvrx_lab.bench._table import report
+from nvrx_lab.advisor import crashloop_delay
 from nvrx_lab.events import EventLog, read_events
 from nvrx_lab.faults import format_schedule, make_schedule
 from nvrx_lab.goodput import analyze, format_report
 from nvrx_lab.net import free_port_pair
-from nvrx_lab.runner import run
+from nvrx_lab.runner import Launcher, Spawn, Torchrun, Worker, head_for, run, trainer
+from nvrx_lab.table import report
 
 MODES = ("baseline", "launcher", "inprocess", "launcher+inprocess")
 
 
-def crashloop_delay(restart: int, pod_restart_s: float = 10.0, time_scale: float = 1.0) -> float:
-    """Seconds before the ``restart``-th restart (1-based): pod restart + kubelet back-off (10 s, 20 s, … 300 s)."""
-    backoff = min(300.0, 10.0 * 2 ** (restart - 1))
-    return (pod_restart_s + backoff) * time_scale
+def train_worker(args, workdir: Path, mode: str, metrics: Path, faults: str) -> Worker:
+    return trainer(steps=args.steps, ckpt="async", ckpt_interval=args.ckpt_interval, ckpt_dir=workdir / "ckpt",
+                   metrics=metrics, faults=faults, restart=restart_of(mode), log_every=0, pg_timeout=args.pg_timeout,
+                   soft_timeout=args.hang_timeout, hard_timeout=args.hang_timeout * 2, max_iterations=args.faults + 5,
+                   step_sleep=args.step_sleep, run_id=f"goodput-{mode}",  # a pod restart continues the run
+                   ckpt_wait_writer=True)  # as on a real job, whose writer is up long before its first interval ends
 
 
-def trainer_args(args, workdir: Path, mode: str, metrics: Path, faults: str) -> list[str]:
-    restart = {"baseline": "none"}.get(mode, mode)
-    return ["-m", "nvrx_lab.train", "--steps", str(args.steps), "--ckpt", "async", "--ckpt-interval", str(args.ckpt_interval),
-            "--ckpt-dir", str(workdir / "ckpt"), "--metrics", str(metrics), "--faults", faults, "--restart", restart,
-            "--log-every", "0", "--pg-timeout", str(args.pg_timeout), "--soft-timeout", str(args.hang_timeout),
-            "--hard-timeout", str(args.hang_timeout * 2), "--max-iterations", str(args.faults + 5),
-            "--step-sleep", str(args.step_sleep), "--run-id", f"goodput-{mode}",  # a pod restart continues the run
-            "--ckpt-wait-writer"]  # as on a real job, whose writer is up long before its first interval ends
+def restart_of(mode: str) -> str:
+    """The trainer's ``--restart`` for a mode (``baseline``: none, Kubernetes restarts the pod)."""
+    return {"baseline": "none"}.get(mode, mode)
 
 
-def launch_cmd(args, mode: str, port: int) -> list[str]:
-    if mode.startswith("launcher"):
-        policy = "min-healthy" if mode == "launcher+inprocess" else "any-failed"
-        return [sys.executable, "-m", "nvrx_lab.launcher", "--nproc-per-node", str(args.ranks), "--rdzv-backend", "c10d",
-                "--rdzv-endpoint", f"127.0.0.1:{port}", "--max-restarts", str(args.faults + 2), "--monitor-interval", "0.2",
-                "--heartbeat-timeout", str(args.hang_timeout), "--initial-heartbeat-timeout", "60",
-                "--restart-policy", policy]
-    if mode == "inprocess":  # torchrun would stop the survivors of a SIGKILL; this launcher lets them go on
-        return [sys.executable, "-m", "nvrx_lab.inprocess.spawn", "--nproc", str(args.ranks), "--master-port", str(port),
-                "--", sys.executable]
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.ranks), "--master-addr", "127.0.0.1",
-            "--master-port", str(port)]
+def launch_head(args, mode: str, port: int) -> Torchrun | Launcher | Spawn:
+    """The launcher (both launcher modes; min-healthy when in-process restarts handle exceptions), spawn for
+    ``inprocess`` (torchrun would stop the survivors of a SIGKILL; spawn lets them go on), else torchrun."""
+    policy = "min-healthy" if mode == "launcher+inprocess" else "any-failed"
+    return head_for(restart_of(mode), args.ranks, port, spawn=True, max_restarts=args.faults + 2, monitor_interval=0.2,
+                    heartbeat_timeout=args.hang_timeout, initial_heartbeat_timeout=60, restart_policy=policy)
 
 
 def run_mode(args, mode: str, faults: str, workdir: Path, label: str | None = None) -> tuple[dict, list[dict]]:
@@ -70,7 +62,7 @@ def run_mode(args, mode: str, faults: str, workdir: Path, label: str | None = No
     t_start = time.time()
     restarts = 0
     while True:
-        cmd = launch_cmd(args, mode, free_port_pair()) + trainer_args(args, workdir, mode, metrics, faults)
+        cmd = launch_head(args, mode, free_port_pair()).argv(train_worker(args, workdir, mode, metrics, faults))
         res = run(cmd, timeout=args.timeout)
         if res.returncode == 0:
             break

@@ -19,16 +19,15 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from nvrx_lab.bench._table import median, p95, report
 from nvrx_lab.events import read_events
-from nvrx_lab.net import free_port
+from nvrx_lab.runner import Launcher, Torchrun, Worker, flat, run
+from nvrx_lab.table import median, p95, report
 
 
 def heartbeat_cost_us(n: int = 50000, batches: int = 5) -> float:
@@ -62,30 +61,20 @@ def cold_import_torch_s(runs: int = 3) -> float:
 
 def run_one(mode: str, kind: str, faults: int, hb_timeout: float, pg_timeout: float, workdir: Path) -> dict:
     metrics = workdir / f"{mode.replace(' ', '_')}_{kind}.jsonl"
-    worker = ["-m", "nvrx_lab.launcher.demo_worker", "--steps", "10", "--fault", kind, "--fault-step", "5",
-              "--fault-restarts", f"0-{faults - 1}", "--pg-timeout", str(pg_timeout), "--metrics", str(metrics)]
-    common = ["--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
-              "--max-restarts", str(faults), "--monitor-interval", "0.1"]
+    worker = Worker.of("nvrx_lab.launcher.demo_worker", steps=10, fault=kind, fault_step=5, fault_restarts=f"0-{faults - 1}",
+                       pg_timeout=pg_timeout, metrics=metrics)
+    torchrun = Torchrun.c10d(2, max_restarts=faults, monitor_interval=0.1)
     if mode.startswith("nvrx_lab"):
-        cmd = [sys.executable, "-m", "nvrx_lab.launcher", *common, "--heartbeat-timeout", str(hb_timeout),
-               "--initial-heartbeat-timeout", "60", "--metrics-file", str(metrics)]
-        if "no-standby" in mode:
-            cmd.append("--no-standby")
+        cmd = Launcher.local(2, max_restarts=faults, monitor_interval=0.1, heartbeat_timeout=hb_timeout,
+                             initial_heartbeat_timeout=60, metrics_file=metrics, no_standby="no-standby" in mode).argv(worker)
     elif mode == "torchrun":
-        cmd, worker = [sys.executable, "-m", "torch.distributed.run", *common], [*worker, "--no-monitor"]
-    else:  # NVRx ft_launcher
-        cmd = ["ft_launcher", *common, "--ft-rank-heartbeat-timeout", str(hb_timeout),
-               "--ft-initial-rank-heartbeat-timeout", "60", "--ft-enable-nic-monitor", "false"]
-        worker = [*worker, "--no-monitor"]
-    limit = 60 + faults * (pg_timeout + hb_timeout + 10)
-    t0 = time.monotonic()
-    try:
-        proc = subprocess.run([*cmd, *worker], capture_output=True, text=True, timeout=limit,
-                              env={**os.environ, "LOGLEVEL": "ERROR"})
-        rc = proc.returncode
-    except subprocess.TimeoutExpired:
-        rc = "timeout"
-    wall = time.monotonic() - t0
+        cmd = torchrun.argv(worker.with_flags(no_monitor=True))
+    else:  # NVRx ft_launcher: torchrun's flags and its own
+        cmd = ["ft_launcher", *flat(torchrun.flags()), "--ft-rank-heartbeat-timeout", str(hb_timeout),
+               "--ft-initial-rank-heartbeat-timeout", "60", "--ft-enable-nic-monitor", "false",
+               *worker.with_flags(no_monitor=True).args()]
+    res = run(cmd, timeout=60 + faults * (pg_timeout + hb_timeout + 10), env={"LOGLEVEL": "ERROR"})
+    rc, wall = "timeout" if res.timed_out else res.returncode, res.wall_s
     ev = read_events(metrics)
     first_step: dict[tuple[int, int], float] = {}
     for e in ev:

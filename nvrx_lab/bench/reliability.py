@@ -17,8 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from nvrx_lab.bench._table import report
 from nvrx_lab.reliability import Row
+from nvrx_lab.table import report
 
 GROUPS = ("crash", "corruption", "storage", "soak", "section", "trainer", "bad_input")
 

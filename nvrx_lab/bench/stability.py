@@ -25,19 +25,18 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from nvrx_lab.bench._table import median, report
 from nvrx_lab.events import read_events
 from nvrx_lab.faults import parse_schedule
 from nvrx_lab.goodput import analyze
 from nvrx_lab.net import free_port_pair
-from nvrx_lab.runner import run
+from nvrx_lab.runner import Value, head_for, run, trainer
+from nvrx_lab.table import median, report
 
-SMALL = ["--global-batch", "4", "--seq-len", "32", "--log-every", "0"]
+SMALL = dict(global_batch=4, seq_len=32, log_every=0)
 
 
 @dataclass(frozen=True)
@@ -50,31 +49,25 @@ class Command:
     """``--faults`` schedule; every entry must fire once."""
     launcher: str = "torchrun"
     """``torchrun`` or ``launcher`` (``python -m nvrx_lab.launcher``)."""
-    flags: tuple[str, ...] = ()
-    """Trainer flags besides steps, faults, sizes, ``--ckpt-dir`` and ``--metrics`` (per run)."""
+    flags: dict[str, Value] = field(default_factory=dict)
+    """Trainer flags besides steps, faults, sizes, ``--ckpt-dir`` and ``--metrics`` (per run), by field name."""
 
 
 COMMANDS = {
     "plain": Command(8),
-    "inprocess": Command(40, "1:12:exception,1:25:hang", flags=(
-        "--ckpt", "async", "--ckpt-interval", "5", "--restart", "inprocess", "--soft-timeout", "3")),
-    "launcher": Command(40, "1:12:sigkill,1:25:hang", launcher="launcher", flags=(
-        "--restart", "launcher", "--ckpt", "async", "--ckpt-interval", "5")),
+    "inprocess": Command(40, "1:12:exception,1:25:hang", flags=dict(
+        ckpt="async", ckpt_interval=5, restart="inprocess", soft_timeout=3)),
+    "launcher": Command(40, "1:12:sigkill,1:25:hang", launcher="launcher", flags=dict(
+        restart="launcher", ckpt="async", ckpt_interval=5)),
 }
 
 
 def command_line(name: str, workdir: Path, port: int | str) -> list[str]:
     c = COMMANDS[name]
-    if c.launcher == "launcher":
-        head = ["-m", "nvrx_lab.launcher", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-                "--rdzv-endpoint", f"127.0.0.1:{port}", "--max-restarts", "3", "--heartbeat-timeout", "3",
-                "--monitor-interval", "0.2"]
-    else:
-        head = ["-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-                "--master-port", str(port)]
-    trainer = ["-m", "nvrx_lab.train", "--steps", str(c.steps), *SMALL, *c.flags, "--ckpt-dir", str(workdir / "ckpt"),
-               "--metrics", str(workdir / "metrics.jsonl"), *(["--faults", c.faults] if c.faults else [])]
-    return [sys.executable, *head, *trainer]
+    head = head_for("launcher" if c.launcher == "launcher" else "none", 2, port, max_restarts=3, heartbeat_timeout=3,
+                    monitor_interval=0.2)
+    return head.argv(trainer(steps=c.steps, **SMALL, **c.flags, ckpt_dir=workdir / "ckpt",
+                             metrics=workdir / "metrics.jsonl", faults=c.faults or None))
 
 
 def judge(returncode: int, events: list[dict], steps: int, faults: str, timed_out: bool = False) -> str | None:

@@ -20,18 +20,27 @@ How it works, one module a mechanism:
 * :mod:`.writer` — one persistent spawned writer process per rank; :mod:`.shards` — DCP's file
   writer on the staged copy, with :mod:`.throttle` (bandwidth cap, on-the-fly CRC32);
 * :mod:`.commit` — temporary folder, per-rank done markers, atomic rename by rank 0, retention;
-* :mod:`.integrity` — checksums, verification, fallback, loading that never unpickles code;
-* :mod:`.errors` — what ``finalize_async_save`` and ``load`` raise; :mod:`.checkpointer` — the API.
+* :mod:`.integrity` — checksums, verification, a reader that never unpickles code; :mod:`.loading` —
+  the newest step that verifies, fallback past corrupt ones, ``dcp.load`` of it;
+* :mod:`.errors` — what ``finalize_async_save`` and ``load`` raise; :mod:`.checkpointer` — the API,
+  :mod:`.config` — its knobs.
+
+How DCP's collectives are split. ``dcp.save`` gathers plans, writes, then gathers write results for
+the coordinator's ``.metadata``. Here the trainer runs the planning collectively inside
+``async_save`` (cheap: shapes, no data; :mod:`.planning`), each rank's writer process writes its own
+shards from the staged copy and leaves its write results in a file (:mod:`.writer`), and rank 0
+merges them into ``.metadata`` at commit (:mod:`.commit`). No collective runs in the background,
+and no rank gathers another's tensors.
 
 A checkpoint folder ``step_XXXXXXXX`` is a plain DCP checkpoint: ``dcp.load(sd, checkpoint_id=folder)``
 reads it, on any world size. The notebook ``notebooks/01_async_checkpointing.ipynb`` builds it step
 by step.
 """
 
-from .checkpointer import AsyncCheckpointer, CheckpointerConfig
+from .checkpointer import AsyncCheckpointer
 from .commit import KeepLast, committed_steps, step_dir
-from .errors import (CheckpointCorruptError, CheckpointError, CheckpointNotFoundError, CheckpointWriteError,
-                     CheckpointWriterDied)
+from .config import CheckpointerConfig
+from .errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError, CheckpointWriteError, CheckpointWriterDied
 from .integrity import verify
 from .throttle import Throttle
 

@@ -11,13 +11,6 @@ staging buffer is reused, so memory stays at one copy of the state), then procee
 reported as ``wait_s`` in the ``ckpt_save`` event. There is one writer per rank and one request at a
 time, so there are never two writers on one step; saving a step that is in flight raises.
 
-How DCP's collectives are split. ``dcp.save`` gathers plans, writes, then gathers write results for
-the coordinator's ``.metadata``. Here the trainer runs the planning collectively inside
-``async_save`` (cheap: shapes, no data; :mod:`.planning`), each rank's writer process writes its own
-shards from the staged copy and leaves its write results in a file (:mod:`.writer`), and rank 0
-merges them into ``.metadata`` at commit (:mod:`.commit`). No collective runs in the background,
-and no rank gathers another's tensors.
-
 Collectives: ``async_save``, ``save``, ``latest_step`` and ``load`` are collective over the CPU group
 when ``torch.distributed`` is initialised (call them on every rank); ``finalize_async_save`` is not —
 it only polls the local writer and, on rank 0, the markers in the directory. Its errors are raised
@@ -31,42 +24,22 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-import warnings
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
 
 from . import commit as cm
-from .errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError, CheckpointWriteError, CheckpointWriterDied
-from .integrity import SafeLoadPlanner, SafeReader, read_metadata, verify
+from . import loading
+from .config import CheckpointerConfig
+from .errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError, CheckpointWriterDied
 from .planning import all_gather, broadcast, local_tensors, plan_save
-from .shards import write_shards
-from .staging import StagingBuffer
+from .shards import write_live
+from .staging import StagingBuffer, plan_slots
+from .throttle import check_bandwidth
 from .writer import WriterProcess
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class CheckpointerConfig:
-    """Knobs of :class:`AsyncCheckpointer` (all but ``directory`` have defaults)."""
-
-    directory: str
-    """Folder holding ``step_XXXXXXXX`` checkpoints; shared by all ranks (created on first save)."""
-    keep_last: int = 3
-    """Committed checkpoints to keep; the newest committed one is never deleted."""
-    write_bandwidth: float | None = None
-    """Cap on each rank's write speed in bytes/s (storage simulation); None = unlimited."""
-    verify: str = "full"
-    """``latest_step``/``load`` verification: "full" (sizes + CRC32) or "size" (sizes only)."""
-    commit_timeout: float = 600.0
-    """Seconds rank 0 waits in a blocking finalize for every rank's done marker."""
-    start_writer: bool = True
-    """Spawn the writer at construction (hides its ~2 s start-up); False: at the first ``async_save``."""
 
 
 class AsyncCheckpointer:
@@ -80,16 +53,12 @@ class AsyncCheckpointer:
             raise NotADirectoryError(f"checkpoint directory {self.root} is a file; pass a folder path")
         if self.config.verify not in ("full", "size"):
             raise ValueError(f"verify must be 'full' or 'size', got {self.config.verify!r}")
-        if write_bandwidth is not None and write_bandwidth <= 0:
-            raise ValueError(f"write_bandwidth must be None or > 0 bytes/s, got {write_bandwidth!r}")
+        self.config.write_bandwidth = check_bandwidth(write_bandwidth, "write_bandwidth")
         self.retention = cm.KeepLast(keep_last)
         self.emit = emit or (lambda kind, **fields: None)
         self.group, self.rank, self.world = None, 0, 1
         if dist.is_available() and dist.is_initialized():
-            self.group = process_group
-            if self.group is None:
-                self.group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
-            self.rank, self.world = dist.get_rank(self.group), dist.get_world_size(self.group)
+            self._bind(process_group)
         self._buffer = StagingBuffer(tag=f"r{self.rank}")
         self._writer = WriterProcess(self.rank) if self.config.start_writer else None
         self._pending: list[dict] = []  # rank 0: saves waiting to be committed, oldest first
@@ -107,7 +76,7 @@ class AsyncCheckpointer:
     def _in_flight(self) -> dict | None:
         return self._writer.in_flight if self._writer else None
 
-    def start(self, timeout: float = 120.0) -> "AsyncCheckpointer":
+    def start(self, timeout: float = 120.0) -> AsyncCheckpointer:
         """Start the writer now and wait until it is ready (optional: ``async_save`` starts it on demand)."""
         if self._writer is None or not self._writer.alive():
             self._new_writer()
@@ -115,11 +84,9 @@ class AsyncCheckpointer:
             self._writer.wait_ready(timeout)
         return self
 
-    def prepare(self, state_dict: dict) -> "AsyncCheckpointer":
+    def prepare(self, state_dict: dict) -> AsyncCheckpointer:
         """Allocate and touch the staging memory for ``state_dict`` now (optional, local, no collective):
         the first ``async_save`` then blocks no longer than the later ones."""
-        from .staging import plan_slots
-
         if self._buffer.ensure(plan_slots(local_tensors(state_dict))[1]):
             self._buffer.prefault()
         return self
@@ -150,11 +117,9 @@ class AsyncCheckpointer:
                   bytes=planned.nbytes)
 
     def finalize_async_save(self, blocking: bool = False) -> list[int]:
-        """Collect finished writes and (rank 0) commit them; ``blocking`` waits for all.
-
-        Returns the steps committed by this call. Raises :class:`CheckpointError` (step, path) for a
-        save that failed since the last call; the failed save is dropped and training can go on.
-        """
+        """Collect finished writes and (rank 0) commit them (``blocking``: all); returns the steps committed.
+        Raises :class:`CheckpointError` (step, path) for a save that failed since the last call; the failed
+        save is dropped and training can go on."""
         if self._in_flight:
             self._collect(self._writer.poll(timeout=1e9 if blocking else 0.0))
         committed = self._commit_ready(blocking) if self.rank == 0 else []
@@ -171,15 +136,8 @@ class AsyncCheckpointer:
             pass
         planned = plan_save(state_dict, self.rank, self.world, self.group)
         tmp = cm.tmp_dir(self.root, step, planned.save_id)
-        data = dict(zip((i.index for i in planned.tensor_items), planned.tensors))
-        data.update(planned.byte_items)
-        error = None
-        try:
-            results, files, write_s = write_shards(tmp, self.rank, planned.plan, data, self.config.write_bandwidth, step)
-            cm.write_rank_done(tmp, self.rank, results, files, write_s)
-        except (CheckpointError, OSError) as e:
-            error = str(e)
-        errors = self._all_gather(error)
+        error = write_live(tmp, self.rank, planned, self.config.write_bandwidth, step)
+        errors = all_gather(error, self.group, self.world)
         if any(errors):
             if self.rank == 0:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -190,7 +148,7 @@ class AsyncCheckpointer:
             self._commit_ready(blocking=True)
         mine = [e for e in self._errors if e.step == step]
         self._errors = [e for e in self._errors if e.step != step]
-        outcome = self._broadcast(str(mine[0]) if mine else None)
+        outcome = broadcast(str(mine[0]) if mine else None, self.group, self.world)
         if outcome:
             raise CheckpointWriteError(outcome, step=step, path=str(tmp))
         self.emit("ckpt_save", step=step, mode="sync", blocking_s=time.monotonic() - t0, wait_s=0.0,
@@ -199,16 +157,8 @@ class AsyncCheckpointer:
     # ---------------------------------------------------------------- loading
     def latest_step(self) -> int | None:
         """Newest committed checkpoint that verifies; falls back past corrupt ones, logging why."""
-        best = None
-        if self.rank == 0:
-            for step in reversed(cm.committed_steps(self.root)):
-                try:
-                    verify(cm.step_dir(self.root, step), full=self.config.verify == "full")
-                    best = step
-                    break
-                except CheckpointCorruptError as e:
-                    self._fallback(step, str(e))
-        return self._broadcast(best)
+        return loading.latest_step(self.root, self.config.verify == "full", self.rank, self.group, self.world,
+                                   self._fallback)
 
     def load(self, state_dict: dict, step: int | None = None) -> int:
         """Load ``step`` (default: :meth:`latest_step`) into ``state_dict`` in place; returns the step."""
@@ -217,34 +167,8 @@ class AsyncCheckpointer:
             step = self.latest_step()
             if step is None:
                 raise CheckpointNotFoundError(cm.describe_directory(self.root), path=str(self.root))
-        folder = cm.step_dir(self.root, step)
-        problem = None
-        if self.rank == 0:
-            if not (folder / cm.MANIFEST).exists():
-                found = cm.committed_steps(self.root)
-                problem = ("notfound", f"no committed checkpoint for step {step} at {folder}; "
-                           f"committed steps in {self.root}: {found or 'none'}")
-            else:
-                try:
-                    verify(folder, full=self.config.verify == "full")
-                    read_metadata(folder)  # refuses a crafted pickle before DCP opens it
-                except CheckpointCorruptError as e:
-                    problem = ("corrupt", str(e), e.path)
-        problem = self._broadcast(problem)
-        if problem and problem[0] == "notfound":
-            raise CheckpointNotFoundError(problem[1], step=step, path=str(folder))
-        if problem:
-            raise CheckpointCorruptError(f"cannot load step {step}: {problem[1]}", step=step, path=problem[2])
-        try:
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-                dcp.load(state_dict, storage_reader=SafeReader(folder), planner=SafeLoadPlanner(),
-                         process_group=self.group, no_dist=self.world == 1 and self.group is None)
-        except (Exception, CheckpointException) as e:
-            detail = "; ".join(f"rank {r}: {w[0] if isinstance(w, tuple) else w}"
-                               for r, w in e.failures.items()) if isinstance(e, CheckpointException) else str(e)
-            raise CheckpointError(f"loading step {step} from {folder} failed: {detail}", step=step,
-                                  path=str(folder)) from e
+        folder = loading.check_step(self.root, step, self.config.verify == "full", self.rank, self.group, self.world)
+        loading.load_folder(state_dict, folder, step, self.group, self.world)
         self.emit("ckpt_load", step=step, load_s=time.monotonic() - t0)
         return step
 
@@ -253,10 +177,7 @@ class AsyncCheckpointer:
         """Coordinate over a new process group (an in-process restart made one), keeping the writer
         process and the staging memory. Saves of the aborted attempt that were not committed yet are
         dropped: some of their ranks may be gone; their temporary folders are swept by a later commit."""
-        self.group = process_group
-        if self.group is None:
-            self.group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
-        self.rank, self.world = dist.get_rank(self.group), dist.get_world_size(self.group)
+        self._bind(process_group)
         self._pending.clear()
         self._errors.clear()
 
@@ -291,7 +212,7 @@ class AsyncCheckpointer:
             log.warning("checkpoint step %d abandoned (interrupted); the committed checkpoints are intact", lost)
         return lost
 
-    def __enter__(self) -> "AsyncCheckpointer":
+    def __enter__(self) -> AsyncCheckpointer:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -305,6 +226,13 @@ class AsyncCheckpointer:
                 raise
 
     # -------------------------------------------------------------- internals
+    def _bind(self, process_group) -> None:
+        """Coordinate over ``process_group`` (default: the world if it is gloo, else a new gloo group)."""
+        self.group = process_group
+        if self.group is None:
+            self.group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        self.rank, self.world = dist.get_rank(self.group), dist.get_world_size(self.group)
+
     @staticmethod
     def _check_step(step) -> None:
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
@@ -370,8 +298,3 @@ class AsyncCheckpointer:
             log.warning("checkpoint step %d skipped: %s", step, reason)
             self.emit("ckpt_fallback", step=step, reason=reason)
 
-    def _broadcast(self, obj):
-        return broadcast(obj, self.group, self.world)
-
-    def _all_gather(self, obj) -> list:
-        return all_gather(obj, self.group, self.world)

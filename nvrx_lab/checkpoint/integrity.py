@@ -120,9 +120,9 @@ def read_manifest(step_dir: str | os.PathLike) -> dict:
     try:
         manifest = json.loads(path.read_text())
     except FileNotFoundError:
-        raise CheckpointCorruptError(f"{path}: commit marker missing (not committed or damaged)", path=str(path))
+        raise CheckpointCorruptError(f"{path}: commit marker missing (not committed or damaged)", path=str(path)) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointCorruptError(f"{path}: commit marker unreadable ({e})", path=str(path))
+        raise CheckpointCorruptError(f"{path}: commit marker unreadable ({e})", path=str(path)) from e
     if manifest.get("format") != FORMAT or not isinstance(manifest.get("files"), dict):
         raise CheckpointCorruptError(f"{path}: not an nvrx_lab commit marker (format {manifest.get('format')!r}, "
                                      f"expected {FORMAT!r})", path=str(path))
@@ -160,7 +160,7 @@ def read_metadata(step_dir: str | os.PathLike):
     try:
         return safe_pickle_load(path)
     except FileNotFoundError:
-        raise CheckpointCorruptError(f"{path}: file missing", path=str(path))
+        raise CheckpointCorruptError(f"{path}: file missing", path=str(path)) from None
     except (pickle.UnpicklingError, EOFError, AttributeError, ValueError) as e:
         raise CheckpointCorruptError(f"{path}: {e}", path=str(path)) from e
 

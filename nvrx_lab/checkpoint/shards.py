@@ -21,7 +21,8 @@ from pathlib import Path
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 
-from .errors import CheckpointWriteError
+from .commit import write_rank_done
+from .errors import CheckpointError, CheckpointWriteError
 from .throttle import MeteredStream, Throttle
 
 
@@ -81,3 +82,16 @@ def write_shards(tmp: Path, rank: int, plan, data: dict, bandwidth: float | None
                                    f"{e.strerror or e} (errno {e.errno})", step=step, path=str(path),
                                    errno=e.errno) from e
     return pickle.dumps(results), fs.files, time.monotonic() - t0
+
+
+def write_live(tmp: Path, rank: int, planned, bandwidth: float | None, step: int) -> str | None:
+    """The synchronous save's write: this rank's shards straight from the live tensors of ``planned``
+    (:func:`.planning.plan_save`), then its done marker. Returns the error, if any, for the other ranks."""
+    data = dict(zip((i.index for i in planned.tensor_items), planned.tensors, strict=True))
+    data.update(planned.byte_items)
+    try:
+        results, files, write_s = write_shards(tmp, rank, planned.plan, data, bandwidth, step)
+        write_rank_done(tmp, rank, results, files, write_s)
+    except (CheckpointError, OSError) as e:
+        return str(e)
+    return None

@@ -137,7 +137,7 @@ class StagingBuffer:
         slots, total = plan_slots(tensors)
         self.ensure(total)
         any_cuda = False
-        for t, slot in zip(tensors, slots):
+        for t, slot in zip(tensors, slots, strict=True):
             if slot.numel == 0:
                 continue
             dst = slot_view(self._mm, slot)

@@ -10,6 +10,8 @@ core), so the shard's checksums cost no second read.
 
 from __future__ import annotations
 
+import math
+import numbers
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -20,18 +22,30 @@ VERIFY_CHUNK = 16 << 20
 """A CRC32 per 16 MiB of file, so verification runs on all cores in parallel."""
 
 
+def check_bandwidth(value: float | None, name: str = "write_bandwidth") -> float | None:
+    """The one rule for a write bandwidth cap: ``None`` or ``0`` is no cap (returns ``None``), a number
+    ``> 0`` is a cap in bytes/s (returned as a float); anything else raises ``ValueError`` naming ``name``.
+
+    ``AsyncCheckpointer(write_bandwidth=...)``, :class:`Throttle` and the trainer's
+    ``--ckpt-write-bandwidth`` (0 by default) all go through it."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value) or value < 0:
+        raise ValueError(f"{name} must be a number of bytes/s > 0, or 0 (or None) for no cap; got {value!r}")
+    return float(value) if value else None
+
+
 @dataclass
 class Throttle:
     """Token-bucket style cap: ``wait(n)`` sleeps until ``n`` more bytes fit under ``bandwidth``."""
 
     bandwidth: float | None = None
-    """Bytes per second; ``None`` or ``0`` means unlimited."""
+    """Bytes per second; ``None`` or ``0`` means unlimited (:func:`check_bandwidth`)."""
     _start: float = field(default=0.0, repr=False)
     _sent: int = field(default=0, repr=False)
 
     def __post_init__(self):
-        if self.bandwidth is not None and self.bandwidth < 0:
-            raise ValueError(f"write_bandwidth must be None or > 0 bytes/s, got {self.bandwidth!r}")
+        self.bandwidth = check_bandwidth(self.bandwidth)
         self.reset()
 
     def reset(self) -> None:

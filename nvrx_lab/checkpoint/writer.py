@@ -37,9 +37,10 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from multiprocessing.connection import Connection
 from pathlib import Path
+
+from nvrx_lab.net import wait_for
 
 PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 
@@ -60,7 +61,7 @@ def _serve(msg: dict, regions: dict) -> dict:
         except OSError:  # gone already, or not ours to remove: the trainer's unlink stays the fallback
             pass
     mm = regions[msg["region"]]
-    data = {item.index: slot_view(mm, slot) for item, slot in zip(msg["tensor_items"], msg["slots"])}
+    data = {item.index: slot_view(mm, slot) for item, slot in zip(msg["tensor_items"], msg["slots"], strict=True)}
     data.update(msg["byte_items"])
     try:
         results, files, write_s = write_shards(tmp, rank, msg["plan"], data, msg["bandwidth"], step)
@@ -168,12 +169,14 @@ class WriterProcess:
 
     def wait_ready(self, timeout: float = 120.0) -> None:
         """Block until the writer has imported torch and is listening; raise at once if it died."""
-        deadline = time.monotonic() + timeout
-        while not self._ready.wait(0.05):
-            if not self.alive():
-                raise RuntimeError(f"the checkpoint writer of rank {self.rank} could not start: {self.why()}")
-            if time.monotonic() >= deadline:
-                raise TimeoutError(f"the checkpoint writer of rank {self.rank} is not ready after {timeout} s")
+        wait_for(self._started, timeout, f"the checkpoint writer of rank {self.rank} to be ready", interval=0.0)
+
+    def _started(self) -> bool:
+        if self._ready.wait(0.05):
+            return True
+        if not self.alive():
+            raise RuntimeError(f"the checkpoint writer of rank {self.rank} could not start: {self.why()}")
+        return False
 
     @property
     def pid(self) -> int | None:

@@ -13,8 +13,9 @@ as local processes on CPU so CI exercises what ships::
 
 ``python -m nvrx_lab.eks render --out manifests/`` regenerates the committed manifests.
 Introduced in ``notebooks/05_eks_manifests.ipynb``; submission in ``notebooks/06_submit_p5_job.ipynb``.
-One concept per module: :mod:`.instances`, :mod:`.modes`, :mod:`.spec`, :mod:`.commands`,
-:mod:`.render`, :mod:`.yamlio`, :mod:`.validate`, :mod:`.auth`, :mod:`.submit`, :mod:`.watch`, :mod:`.local`.
+One concept per module: :mod:`.instances`, :mod:`.modes`, :mod:`.spec`, :mod:`.checks`, :mod:`.commands`,
+:mod:`.render`, :mod:`.yamlio`, :mod:`.validate`, :mod:`.auth`, :mod:`.submit`, :mod:`.watch`, :mod:`.local_plan`,
+:mod:`.local`.
 """
 
 from nvrx_lab.eks.auth import EksError, eks_token
@@ -29,5 +30,6 @@ from nvrx_lab.eks.watch import parse_goodput, waiting_reason
 from nvrx_lab.eks.yamlio import comments_for, to_yaml, write_manifests
 
 __all__ = ["JobSpec", "render", "validate", "submit", "delete", "local_run", "plan", "to_yaml", "write_manifests",
-           "comments_for", "parse_goodput", "waiting_reason", "eks_token", "EksError", "ManifestError", "SubmitResult", "LocalRun",
+           "comments_for", "parse_goodput", "waiting_reason", "eks_token", "EksError", "ManifestError", "SubmitResult",
+           "LocalRun",
            "MODES", "Mode", "INSTANCE_TYPES", "InstanceType", "K8S_VERSION"]

@@ -9,12 +9,17 @@ carries one comment per flag inside bash arrays (comments are legal there)::
     )
     exec python -m torch.distributed.run "${launcher_args[@]}" -m nvrx_lab.train "${trainer_args[@]}"
 
+The flags come from the same structured commands every local run uses (:mod:`nvrx_lab.runner`):
+:func:`launch_head` is a :class:`~nvrx_lab.runner.Torchrun` or :class:`~nvrx_lab.runner.Launcher`,
+:func:`train_worker` a :class:`~nvrx_lab.runner.Worker`; this module adds the reasons and the shell quoting.
+
 Everything that differs between pods or between a cluster and a laptop comes from environment
 variables the manifest sets (``NNODES``, ``NPROC_PER_NODE``, ``RANK0_HOST``, ``MASTER_PORT``,
-``RDZV_PORT``, ``RUN_DIR``) and from ``JOB_COMPLETION_INDEX``, which the Indexed Job gives each pod: it is
+``RDZV_PORT``, ``RUN_DIR``, ``LAUNCHER_CONFIG``) and from ``JOB_COMPLETION_INDEX``, which the Indexed Job gives each pod: it is
 the node rank in every mode (torchrun's ``--node-rank``; the launcher's ``--local-addr`` sort key).
 No ``getent``, no sleeps: rank 0 is ``<job>-0.<job>`` by construction, and the stores' clients
-retry their connection until rank 0's pod is up, for 2 nodes or 128.
+retry their connection until rank 0's pod is up, for 2 nodes or 128. A local run
+(:mod:`nvrx_lab.eks.local`) maps those values, and runs the script as written.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import shlex
 from dataclasses import dataclass
 
 from nvrx_lab.eks.spec import JobSpec
+from nvrx_lab.runner import Launcher, Torchrun, Worker
 
 CONFIG_DIR = "/etc/nvrx_lab"
 CONFIG_FILE = "launcher.yaml"
@@ -45,52 +51,74 @@ class Flag:
         return f"{self.flag}={quoted}"
 
 
-def launcher_flags(s: JobSpec) -> list[Flag]:
-    """torchrun's flags (static store on rank 0) or ``nvrx_lab.launcher``'s (c10d rendezvous, in-job restarts)."""
+def launch_head(s: JobSpec) -> Torchrun | Launcher:
+    """The pod's launcher as a structured command: torchrun (static store on rank 0) or ``nvrx_lab.launcher``
+    (c10d rendezvous, in-job restarts). Values are the pod's ``${VAR}`` references."""
+    common = dict(nnodes="${NNODES}", nproc_per_node="${NPROC_PER_NODE}")
+    if not s.mode_info.uses_launcher:
+        return Torchrun(**common, node_rank="${JOB_COMPLETION_INDEX}", master_addr="${RANK0_HOST}",
+                        master_port="${MASTER_PORT}", max_restarts=0)
+    return Launcher(**common, rdzv_backend="c10d", rdzv_endpoint="${RANK0_HOST}:${RDZV_PORT}", rdzv_id=s.name,
+                    rdzv_conf=f"is_host=${{IS_RDZV_HOST}},join_timeout={JOIN_TIMEOUT_S}", local_addr="${NODE_ADDR}",
+                    max_restarts=s.max_restarts, monitor_interval=f"{s.monitor_interval:g}",
+                    metrics_file="${RUN_DIR}/metrics.jsonl", config="${LAUNCHER_CONFIG}")
+
+
+def train_worker(s: JobSpec) -> Worker:
+    """What every worker of the pod runs: ``-m <train_module>`` with the JobSpec's flags, then ``train_extra``."""
+    return Worker.of(s.train_module, *s.train_extra, steps=s.steps, seed=s.seed, global_batch=s.batch,
+                     metrics="${RUN_DIR}/metrics.jsonl", run_id=s.name, ckpt=s.ckpt_mode, ckpt_interval=s.ckpt_interval,
+                     ckpt_dir="${RUN_DIR}/ckpt", restart=s.mode_info.restart, faults=s.faults or None)
+
+
+def _launcher_why(s: JobSpec) -> dict[str, str]:
     m = s.mode_info
-    flags = [
-        Flag("--nnodes", "${NNODES}", "one pod per node; the Job's parallelism"),
-        Flag("--nproc-per-node", "${NPROC_PER_NODE}", "one worker per GPU the pod was given (nvidia.com/gpu)"),
-    ]
     if not m.uses_launcher:
-        return flags + [
-            Flag("--node-rank", "${JOB_COMPLETION_INDEX}", "node rank = completion index: stable across pod replacements"),
-            Flag("--master-addr", "${RANK0_HOST}", "rank 0's pod through the headless Service: <job>-0.<job>"),
-            Flag("--master-port", "${MASTER_PORT}", "torchrun's store on rank 0; clients retry until it listens"),
-            Flag("--max-restarts", "0", "a dead worker fails the pod; Kubernetes replaces it (backoffLimit)"
-                 + ("; exceptions are handled in-process first" if m.inprocess else "")),
-        ]
-    return flags + [
-        Flag("--rdzv-backend", "c10d", "rendezvous over a TCP store: every restart re-forms the group with fresh state"),
-        Flag("--rdzv-endpoint", "${RANK0_HOST}:${RDZV_PORT}", "the store runs in completion index 0's launcher"),
-        Flag("--rdzv-id", s.name, "one rendezvous per Job"),
-        Flag("--rdzv-conf", f"is_host=${{IS_RDZV_HOST}},join_timeout={JOIN_TIMEOUT_S}",
-             "index 0 hosts the store (no hostname guessing); pods may start minutes apart (image pulls)"),
-        Flag("--local-addr", "${NODE_ADDR}", "sorts like the completion index (c10d numbers nodes in this order): node rank = index"),
-        Flag("--max-restarts", str(s.max_restarts), "in-pod group restarts after a failure here; then every pod fails (backoffLimit)"),
-        Flag("--monitor-interval", f"{s.monitor_interval:g}", "seconds between checks of worker exits and heartbeats"),
-        Flag("--metrics-file", "${RUN_DIR}/metrics.jsonl", "restart events join the trainer's event stream"),
-        Flag("--config", f"{CONFIG_DIR}/{CONFIG_FILE}", "heartbeat, section timeouts and restart policy (ConfigMap)"),
-    ]
+        return {
+            "--nnodes": "one pod per node; the Job's parallelism",
+            "--nproc-per-node": "one worker per GPU the pod was given (nvidia.com/gpu)",
+            "--node-rank": "node rank = completion index: stable across pod replacements",
+            "--master-addr": "rank 0's pod through the headless Service: <job>-0.<job>",
+            "--master-port": "torchrun's store on rank 0; clients retry until it listens",
+            "--max-restarts": "a dead worker fails the pod; Kubernetes replaces it (backoffLimit)"
+                              + ("; exceptions are handled in-process first" if m.inprocess else ""),
+        }
+    return {
+        "--nnodes": "one pod per node; the Job's parallelism",
+        "--nproc-per-node": "one worker per GPU the pod was given (nvidia.com/gpu)",
+        "--rdzv-backend": "rendezvous over a TCP store: every restart re-forms the group with fresh state",
+        "--rdzv-endpoint": "the store runs in completion index 0's launcher",
+        "--rdzv-id": "one rendezvous per Job",
+        "--rdzv-conf": "index 0 hosts the store (no hostname guessing); pods may start minutes apart (image pulls)",
+        "--local-addr": "sorts like the completion index (c10d numbers nodes in this order): node rank = index",
+        "--max-restarts": "in-pod group restarts after a failure here; then every pod fails (backoffLimit)",
+        "--monitor-interval": "seconds between checks of worker exits and heartbeats",
+        "--metrics-file": "restart events join the trainer's event stream",
+        "--config": "heartbeat, section timeouts and restart policy (ConfigMap)",
+    }
+
+
+def launcher_flags(s: JobSpec, head: Torchrun | Launcher | None = None) -> list[Flag]:
+    """The flags of ``head`` (default :func:`launch_head`), each with the reason it is set."""
+    why = _launcher_why(s)
+    return [Flag(flag, value, why[flag]) for flag, value in (head or launch_head(s)).flags()]
 
 
 def trainer_flags(s: JobSpec) -> list[Flag]:
     m = s.mode_info
-    flags = [
-        Flag("--steps", str(s.steps), "total optimizer steps; a resumed run stops at the same step"),
-        Flag("--seed", str(s.seed), "model init and token stream"),
-        Flag("--global-batch", str(s.batch), f"sequences per step across all {s.nodes * s.gpus} GPUs"),
-        Flag("--metrics", "${RUN_DIR}/metrics.jsonl", "the event stream (steps, saves, faults, restarts) on FSx"),
-        Flag("--run-id", s.name, "a restarted pod continues this run (its events, its fired faults)"),
-        Flag("--ckpt", s.ckpt_mode, {"none": "no checkpoints", "sync": "blocking saves",
-                                     "async": "saves overlap training"}[s.ckpt_mode]),
-        Flag("--ckpt-interval", str(s.ckpt_interval), "steps between checkpoints"),
-        Flag("--ckpt-dir", "${RUN_DIR}/ckpt", "shared by all nodes (FSx), so any pod can resume"),
-        Flag("--restart", m.restart, m.summary),
-    ]
-    if s.faults:
-        flags.append(Flag("--faults", s.faults, "injected faults RANK:STEP:KIND[:PHASE], each fires once"))
-    return flags
+    why = {
+        "--steps": "total optimizer steps; a resumed run stops at the same step",
+        "--seed": "model init and token stream",
+        "--global-batch": f"sequences per step across all {s.nodes * s.gpus} GPUs",
+        "--metrics": "the event stream (steps, saves, faults, restarts) on FSx",
+        "--run-id": "a restarted pod continues this run (its events, its fired faults)",
+        "--ckpt": {"none": "no checkpoints", "sync": "blocking saves", "async": "saves overlap training"}[s.ckpt_mode],
+        "--ckpt-interval": "steps between checkpoints",
+        "--ckpt-dir": "shared by all nodes (FSx), so any pod can resume",
+        "--restart": m.summary,
+        "--faults": "injected faults RANK:STEP:KIND[:PHASE], each fires once",
+    }
+    return [Flag(flag, value, why[flag]) for flag, value in train_worker(s).pairs()]
 
 
 def launcher_config(s: JobSpec) -> str:
@@ -105,7 +133,8 @@ def launcher_config(s: JobSpec) -> str:
         "# Per-section timeouts: a long save inside 'checkpoint' is not mistaken for a hang.",
         "section_timeouts: " + (",".join(f"{k}={v:g}" for k, v in s.section_timeouts.items()) or "''"),
         "# " + {"any-failed": "any-failed: restart the whole group when any rank fails.",
-                "min-healthy": "min-healthy: exceptions stay in-process; restart only when a rank died or hung."}[m.restart_policy],
+                "min-healthy": "min-healthy: exceptions stay in-process; restart only when a rank died or hung.",
+                }[m.restart_policy],
         f"restart_policy: {m.restart_policy}",
     ]
     return "\n".join(lines) + "\n"
@@ -119,7 +148,8 @@ def _array(name: str, flags: list[Flag]) -> list[str]:
 def container_script(s: JobSpec) -> str:
     """The ``bash -c`` script of the training container."""
     m = s.mode_info
-    runner = "nvrx_lab.launcher" if m.uses_launcher else "torch.distributed.run"
+    head = launch_head(s)
+    worker = train_worker(s)
     lines = [
         f"# nvrx_lab mode {m.name}: {m.summary}.",
         "# Rendered by `python -m nvrx_lab.eks render`; edit the JobSpec, not this script.",
@@ -136,14 +166,13 @@ def container_script(s: JobSpec) -> str:
                   'NODE_ADDR="${RANK0_HOST}"',
                   "(( JOB_COMPLETION_INDEX == 0 )) || "
                   'NODE_ADDR=$(printf "%s/node-%05d" "${RANK0_HOST}" "${JOB_COMPLETION_INDEX}")']
-    lines += _array("launcher_args", launcher_flags(s))
-    trainer = trainer_flags(s)
-    lines += _array("trainer_args", trainer)
-    if s.train_extra:
-        lines.append("trainer_args+=(" + " ".join(shlex.quote(a) for a in s.train_extra) + ")  # JobSpec.train_extra")
+    lines += _array("launcher_args", launcher_flags(s, head))
+    lines += _array("trainer_args", trainer_flags(s))
+    if worker.extra:
+        lines.append(f"trainer_args+=({shlex.join(worker.extra)})  # JobSpec.train_extra")
     lines += [
         'echo "node ${JOB_COMPLETION_INDEX} of ${NNODES}: ${NPROC_PER_NODE} workers, rank 0 at ${RANK0_HOST}"',
-        f'exec python -m {runner} "${{launcher_args[@]}}" -m {s.train_module} "${{trainer_args[@]}}"',
+        f'exec python -m {head.module} "${{launcher_args[@]}}" -m {worker.target} "${{trainer_args[@]}}"',
     ]
     return "\n".join(lines) + "\n"
 

@@ -85,27 +85,37 @@ def nccl_env(m: Mode, efa: int, efa_rdma: bool, hugepages: bool, nccl_debug: str
     ]
     if efa:
         env += [
-            ("NCCL_NET", OFI_NET, "only the aws-ofi-nccl plugin: NCCL fails at start-up if it does not load, never falls back to TCP sockets"),
+            ("NCCL_NET", OFI_NET, "only the aws-ofi-nccl plugin: NCCL fails at start-up if it does not load, never falls "
+                                  "back to TCP sockets"),
             ("FI_PROVIDER", "efa", "libfabric uses the EFA provider (aws-ofi-nccl), never its TCP fallback"),
         ]
         if efa_rdma:
-            env.append(("FI_EFA_USE_DEVICE_RDMA", "1", "GPUDirect RDMA over EFA (p4d/p5); GPU memory goes to the NIC without a host copy"))
+            env.append(("FI_EFA_USE_DEVICE_RDMA", "1", "GPUDirect RDMA over EFA (p4d/p5); GPU memory goes to the NIC "
+                                                       "without a host copy"))
         if hugepages:
-            env.append(("FI_EFA_USE_HUGE_PAGE", "1", "libfabric's bounce buffers on the requested 2 MiB pages; no FI_EFA_FORK_SAFE, "
-                        "which would turn them off (forks are safe anyway on kernels >= 5.13: copy-on-fork of registered memory)"))
+            env.append(("FI_EFA_USE_HUGE_PAGE", "1", "libfabric's bounce buffers on the requested 2 MiB pages; no "
+                                                     "FI_EFA_FORK_SAFE, "
+                        "which would turn them off (forks are safe anyway on kernels >= 5.13: copy-on-fork of registered "
+                        "memory)"))
         else:
             env += [
-                ("FI_EFA_FORK_SAFE", "1", "dataloader workers and the async checkpoint writer fork after EFA registered memory"),
+                ("FI_EFA_FORK_SAFE", "1", "dataloader workers fork after EFA registered memory (the checkpoint writer is a "
+                                          "fresh interpreter, not a fork)"),
                 ("FI_EFA_USE_HUGE_PAGE", "0", "no hugepages requested: libfabric allocates its buffers from normal pages"),
             ]
     if m.inprocess:
         env += [
-            ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2", "in-process restart: the watchdog aborts the communicator but keeps the process"),
-            ("TORCH_NCCL_RETHROW_CUDA_ERRORS", "0", "in-process restart: CUDA/NCCL errors are not rethrown from the watchdog thread (which kills the process)"),
-            ("NCCL_NVLS_ENABLE", "0", "in-process restart: NVLS multicast memory is not freed by ncclCommAbort; the next attempt's communicator would fail"),
+            ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2", "in-process restart: the watchdog aborts the communicator but keeps "
+                                                     "the process"),
+            ("TORCH_NCCL_RETHROW_CUDA_ERRORS", "0", "in-process restart: CUDA/NCCL errors are not rethrown from the "
+                                                    "watchdog thread (which kills the process)"),
+            ("NCCL_NVLS_ENABLE", "0", "in-process restart: NVLS multicast memory is not freed by ncclCommAbort; the next "
+                                      "attempt's communicator would fail"),
         ]
     elif m.uses_launcher:
-        env.append(("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1", "launcher: abort the communicator and exit, so the launcher sees the failure within --monitor-interval"))
+        env.append(("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1", "launcher: abort the communicator and exit, so the launcher "
+                                                            "sees the failure within --monitor-interval"))
     else:
-        env.append(("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3", "Kubernetes restarts: tear the process down on an NCCL error so the pod fails fast"))
+        env.append(("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3", "Kubernetes restarts: tear the process down on an NCCL error so "
+                                                            "the pod fails fast"))
     return env

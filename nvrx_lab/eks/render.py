@@ -39,7 +39,8 @@ def _meta(s: JobSpec, name: str) -> dict:
 
 
 def namespace(s: JobSpec) -> dict:
-    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": s.namespace, "labels": {"app.kubernetes.io/part-of": "nvrx-lab"}}}
+    return {"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": s.namespace, "labels": {"app.kubernetes.io/part-of": "nvrx-lab"}}}
 
 
 def pv_name(s: JobSpec) -> str:
@@ -89,6 +90,8 @@ def env_vars(s: JobSpec) -> list[tuple[str, str, str]]:
         ("MASTER_PORT", str(s.master_port), "torchrun's store on rank 0 (the in-process store uses the next port)"),
         ("RDZV_PORT", str(s.rdzv_port), "the c10d rendezvous store on rank 0 (launcher modes)"),
         ("RUN_DIR", s.run_dir, "this job's directory on FSx: metrics and checkpoints"),
+        *([("LAUNCHER_CONFIG", f"{commands.CONFIG_DIR}/{commands.CONFIG_FILE}", "the launcher's config file (ConfigMap mount)")]
+          if s.mode_info.uses_launcher else []),
         *nccl_env(s.mode_info, s.efa, s.instance.efa_rdma, s.hugepages_2mi > 0, s.nccl_debug),
         *[(k, v, "JobSpec.env") for k, v in s.env.items()],
     ]

@@ -1,33 +1,19 @@
 """``JobSpec``: everything that differs between two training jobs on EKS, checked before rendering.
 
-A spec is validated when it is built: a bad field raises ``ValueError`` that names the field and
-what would be allowed (``JobSpec.nodes: must be >= 1, got 0``). Defaults describe a p5.48xlarge
-job using the whole node; only ``name`` and ``image`` are required::
+A spec is validated when it is built (:mod:`nvrx_lab.eks.checks`): a bad field raises ``ValueError``
+that names the field and what would be allowed (``JobSpec.nodes: must be >= 1, got 0``). Defaults
+describe a p5.48xlarge job using the whole node; only ``name`` and ``image`` are required::
 
     JobSpec(name="llama-ft", image="123456789012.dkr.ecr.us-west-2.amazonaws.com/nvrx-lab:0.1", nodes=16)
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
+from nvrx_lab.eks.checks import check
 from nvrx_lab.eks.instances import InstanceType, instance_type, pod_resources
 from nvrx_lab.eks.modes import Mode, mode
-from nvrx_lab.faults import parse_schedule
-
-DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-LABEL_RULE = "allowed: lower-case letters, digits and '-', starting {}ending with a letter or digit, at most 63 characters"
-DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-SECRETISH = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_KEY|ACCESS_KEY|PRIVATE_KEY", re.I)
-SECTION = re.compile(r"^[a-z][a-z0-9_]*$")
-FSX_ID = re.compile(r"^fs-[0-9a-f]{8,17}$")
-MANAGED_TRAIN_FLAGS = ("--steps", "--seed", "--global-batch", "--metrics", "--ckpt", "--ckpt-interval", "--ckpt-dir",
-                       "--restart", "--faults")
-RESERVED_ENV = ("JOB_COMPLETION_INDEX", "NNODES", "NPROC_PER_NODE", "RANK0_HOST", "MASTER_PORT", "RDZV_PORT", "RUN_DIR",
-                "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")
 
 
 @dataclass
@@ -173,111 +159,3 @@ class JobSpec:
     @property
     def cpu_memory(self) -> tuple[int, int]:
         return pod_resources(self.instance)
-
-
-def _fail(field_name: str, problem: str) -> None:
-    raise ValueError(f"JobSpec.{field_name}: {problem}")
-
-
-def _check_faults(s: JobSpec, world: int) -> None:
-    """The trainer's own grammar (``RANK:STEP:KIND[:PHASE]``), then ranks and steps that exist in this job."""
-    try:
-        faults = parse_schedule(s.faults)
-    except ValueError as exc:
-        _fail("faults", f"{exc}; allowed e.g. '1:50:exception,3:120:sigkill:save'")
-    for f in faults:
-        if f.rank >= world:
-            _fail("faults", f"{f.id!r}: rank {f.rank} does not exist; allowed: ranks 0..{world - 1} "
-                            f"(world size {world} = {s.nodes} nodes x {s.gpus} GPUs)")
-        if not 1 <= f.step <= s.steps:
-            _fail("faults", f"{f.id!r}: step {f.step} never runs; allowed: steps 1..{s.steps} (JobSpec.steps)")
-
-
-def check(s: JobSpec) -> None:
-    """Raise ``ValueError`` naming the first bad field of ``s`` and what it allows."""
-    if not isinstance(s.name, str) or len(s.name) > 63 or not DNS1035_LABEL.match(s.name):
-        _fail("name", f"{s.name!r} is not a DNS-1035 label (it names the headless Service too); "
-                      + LABEL_RULE.format("with a letter and "))
-    if not isinstance(s.nodes, int) or isinstance(s.nodes, bool) or s.nodes < 1:
-        _fail("nodes", f"must be an integer >= 1, got {s.nodes!r}")
-    if len(f"{s.name}-{s.nodes - 1}") > 63:
-        _fail("name", f"{s.name!r} is too long for {s.nodes} nodes: pod hostnames '<name>-<index>' must fit 63 "
-                      f"characters; allowed: at most {62 - len(str(s.nodes - 1))} characters")
-    if not isinstance(s.namespace, str) or not DNS1123_LABEL.match(s.namespace) or len(s.namespace) > 63:
-        _fail("namespace", f"{s.namespace!r} is not a DNS-1123 label; " + LABEL_RULE.format("and "))
-    if not s.image or any(c.isspace() for c in s.image):
-        _fail("image", f"{s.image!r}; allowed: a non-empty image reference without spaces")
-    m = mode(s.mode)
-    t = instance_type(s.instance_type)
-    if s.gpus_per_node is not None and not (1 <= s.gpus_per_node <= t.gpus):
-        _fail("gpus_per_node", f"{s.gpus_per_node} GPUs do not fit a {t.name} ({t.gpus} x {t.gpu}); allowed: 1..{t.gpus}")
-    if s.efa_per_node is not None and not (0 <= s.efa_per_node <= t.efa):
-        _fail("efa_per_node", f"{s.efa_per_node} EFA interfaces do not fit a {t.name}; allowed: 0..{t.efa}")
-    _, mem = pod_resources(t)
-    if not (0 <= s.shm_gib <= mem // 2):
-        _fail("shm_gib", f"{s.shm_gib} GiB; allowed: 0 (auto) or 1..{mem // 2} (half the pod's {mem} GiB on a {t.name})")
-    if s.hugepages_2mi < 0 or s.hugepages_2mi % 2 or s.hugepages_2mi > mem * 1024 // 4:
-        _fail("hugepages_2mi", f"{s.hugepages_2mi} MiB; allowed: 0 or an even number of MiB up to a quarter of the pod's memory")
-    if not DNS1123_SUBDOMAIN.match(s.fsx_claim or ""):
-        _fail("fsx_claim", f"{s.fsx_claim!r} is not a DNS-1123 name")
-    if s.fsx_volume_handle:
-        if not FSX_ID.match(s.fsx_volume_handle):
-            _fail("fsx_volume_handle", f"{s.fsx_volume_handle!r}; allowed: an FSx file system id like fs-0123456789abcdef0")
-        if not s.fsx_dns_name or not s.fsx_mount_name:
-            _fail("fsx_dns_name" if not s.fsx_dns_name else "fsx_mount_name", "required when fsx_volume_handle is set")
-    if s.fsx_capacity_gib < 1200:
-        _fail("fsx_capacity_gib", f"{s.fsx_capacity_gib}; allowed: >= 1200 (the smallest FSx for Lustre file system)")
-    if not s.mount_path.startswith("/") or s.mount_path.rstrip("/") in ("", "/dev", "/proc", "/sys", "/etc", "/dev/shm") \
-            or s.mount_path.startswith(("/dev/", "/proc/", "/sys/", "/etc/")):
-        _fail("mount_path", f"{s.mount_path!r}; allowed: an absolute path outside /, /dev, /proc, /sys and /etc")
-    if s.steps < 1:
-        _fail("steps", f"must be >= 1, got {s.steps}")
-    world = s.nodes * s.gpus
-    if s.global_batch < 0 or (s.global_batch and s.global_batch % world):
-        _fail("global_batch", f"{s.global_batch} does not divide by the world size {world} ({s.nodes} nodes x {s.gpus} GPUs); "
-                              "allowed: 0 (two per GPU) or a multiple of the world size")
-    if s.ckpt not in ("", "none", "sync", "async"):
-        _fail("ckpt", f"{s.ckpt!r}; allowed: '' (the mode's default: {m.ckpt}), none, sync, async")
-    if s.ckpt_interval < 0 or (s.ckpt_interval == 0 and s.ckpt_mode != "none"):
-        _fail("ckpt_interval", f"{s.ckpt_interval}; allowed: >= 1 (or ckpt='none')")
-    _check_faults(s, world)
-    for flag in s.train_extra:
-        if flag.split("=")[0] in MANAGED_TRAIN_FLAGS:
-            _fail("train_extra", f"{flag!r} is set by a JobSpec field; allowed: flags other than {', '.join(MANAGED_TRAIN_FLAGS)}")
-    if not re.match(r"^[A-Za-z_][\w.]*$", s.train_module):
-        _fail("train_module", f"{s.train_module!r}; allowed: a dotted Python module name")
-    if s.max_restarts < 0:
-        _fail("max_restarts", f"must be >= 0, got {s.max_restarts}")
-    for f in ("heartbeat_timeout", "initial_heartbeat_timeout", "monitor_interval"):
-        if not getattr(s, f) > 0:
-            _fail(f, f"must be > 0 seconds, got {getattr(s, f)}")
-    if s.monitor_interval >= s.heartbeat_timeout:
-        _fail("monitor_interval", f"{s.monitor_interval} s must be shorter than heartbeat_timeout ({s.heartbeat_timeout} s)")
-    for name, seconds in s.section_timeouts.items():
-        if not SECTION.match(name) or not float(seconds) > 0:
-            _fail("section_timeouts", f"{name!r}: {seconds!r}; allowed: lower-case section names with seconds > 0")
-    if s.backoff_limit is not None and s.backoff_limit < 0:
-        _fail("backoff_limit", f"must be >= 0 or None, got {s.backoff_limit}")
-    if s.ttl_after_finished_s < 0 or s.termination_grace_s < 0:
-        _fail("ttl_after_finished_s" if s.ttl_after_finished_s < 0 else "termination_grace_s", "must be >= 0")
-    for var, value in s.env.items():
-        if not ENV_NAME.match(var) or var in RESERVED_ENV:
-            _fail("env", f"{var!r}; allowed: a C identifier other than {', '.join(RESERVED_ENV)}")
-        if SECRETISH.search(var):
-            _fail("env", f"{var!r} looks like a secret; never inline secrets: use secret_env={{'{var}': 'secret-name/key'}}")
-        if not isinstance(value, str):
-            _fail("env", f"{var}={value!r}; allowed: string values")
-    for var, ref in s.secret_env.items():
-        secret, _, key = ref.partition("/")
-        if not ENV_NAME.match(var) or not DNS1123_SUBDOMAIN.match(secret) or not re.match(r"^[-._a-zA-Z0-9]+$", key):
-            _fail("secret_env", f"{var}={ref!r}; allowed: VAR='secret-name/key'")
-    ports = (s.rdzv_port, s.master_port, s.master_port + 1)
-    if not all(1024 <= p <= 65535 for p in ports) or len(set(ports)) != 3:
-        _fail("rdzv_port" if not 1024 <= s.rdzv_port <= 65535 else "master_port",
-              f"rdzv {s.rdzv_port}, master {s.master_port} (+1 for the in-process store); allowed: distinct ports 1024..65535")
-    if s.nccl_debug not in ("VERSION", "WARN", "INFO", "TRACE"):
-        _fail("nccl_debug", f"{s.nccl_debug!r}; allowed: VERSION, WARN, INFO, TRACE")
-    if s.image_pull_policy not in ("Always", "IfNotPresent", "Never"):
-        _fail("image_pull_policy", f"{s.image_pull_policy!r}; allowed: Always, IfNotPresent, Never")
-    if s.priority_class and not DNS1123_SUBDOMAIN.match(s.priority_class):
-        _fail("priority_class", f"{s.priority_class!r} is not a DNS-1123 name")

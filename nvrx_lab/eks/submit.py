@@ -16,9 +16,8 @@ nodes are available: 4 Insufficient nvidia.com/gpu``, ``ErrImagePull`` …), ran
 from __future__ import annotations
 
 import contextlib
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import kubernetes.client
 from kubernetes.client.rest import ApiException
@@ -28,6 +27,7 @@ from nvrx_lab.eks.render import render
 from nvrx_lab.eks.spec import JobSpec
 from nvrx_lab.eks.validate import validate
 from nvrx_lab.eks.watch import watch
+from nvrx_lab.net import wait_for
 
 
 @dataclass
@@ -121,16 +121,22 @@ def _delete_job(batch: kubernetes.client.BatchV1Api, name: str, ns: str, wait_s:
         if exc.status == 404:
             return False
         raise
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        try:
-            batch.read_namespaced_job(name, ns)
-        except ApiException as exc:
-            if exc.status == 404:
-                return True
-            raise
-        time.sleep(min(1.0, wait_s / 20))
-    raise EksError(f"Job {ns}/{name} still exists {wait_s:.0f} s after its deletion; try again later")
+    try:
+        return wait_for(lambda: _job_gone(batch, name, ns), wait_s, f"Job {ns}/{name} to be deleted",
+                        interval=min(1.0, wait_s / 20))
+    except TimeoutError:
+        raise EksError(f"Job {ns}/{name} still exists {wait_s:.0f} s after its deletion; try again later") from None
+
+
+def _job_gone(batch: kubernetes.client.BatchV1Api, name: str, ns: str) -> bool:
+    """Whether the Job no longer exists (404 on read)."""
+    try:
+        batch.read_namespaced_job(name, ns)
+    except ApiException as exc:
+        if exc.status == 404:
+            return True
+        raise
+    return False
 
 
 def submit(spec: JobSpec, cluster: str, region: str, dry_run: bool = True, *, replace: bool = False,

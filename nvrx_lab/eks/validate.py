@@ -11,7 +11,7 @@ every violation with its path, e.g. ``Job/llama-ft: spec.template.spec.container
 from __future__ import annotations
 
 import re
-from functools import lru_cache
+from functools import cache
 
 import jsonschema
 from kubernetes_validate.utils import schema_contents
@@ -29,7 +29,7 @@ class ManifestError(ValueError):
         super().__init__(f"{len(errors)} schema violation(s):\n" + "\n".join(f"  {e}" for e in errors))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _validator(kind: str, api_version: str, version: str, strict: bool) -> jsonschema.protocols.Validator:
     group = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
     folder = f"v{version}.0-local" + ("-strict" if strict else "")

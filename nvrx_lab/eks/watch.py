@@ -13,7 +13,7 @@ import collections
 import json
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import kubernetes.client
 from tqdm.auto import tqdm

@@ -1,11 +1,12 @@
 """``Compose(a, b, c)``: run small policies in order, each getting the state the previous returned.
 
-Used for aborts and health checks: ``Compose(AbortTorchDistributed(), AbortCheckpointWriter())``.
+Used for aborts and health checks, e.g. ``Compose(AbortTorchDistributed(), AbortCallback(cancel_writer))``
+(:mod:`.abort`; ``cancel_writer(state)`` is any function of yours).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from .state import State
 

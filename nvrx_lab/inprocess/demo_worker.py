@@ -11,11 +11,12 @@ counter every ``--ckpt-every`` steps (atomically, inside ``call_wrapper.atomic()
 attempt reloads it. Events (``step``, ``fault``, ``restart``, ``resources``, ``done``) go to
 ``--events``.
 
-``--faults`` is a comma list of ``rank:iteration:step:kind`` (``iteration`` may be ``*`` or
-``a-b``); kinds: exception, hang (time.sleep), hang_socket (blocked recv), hang_native (signals
-blocked: only the hard timeout ends it), sigkill, sigkill_all (also kills the monitor process:
-peers must fall back to heartbeats). ``--resources`` adds a ``resources`` event (threads, open
-fds, RSS) at the start of every attempt, for leak checks over many restarts.
+``--faults`` is a schedule in :mod:`nvrx_lab.faults`'s grammar, ``RANK[:ATTEMPTS]:STEP:KIND``, where
+ATTEMPTS are the wrapper's iterations (``0``, ``0-2`` or ``*``; default every one), e.g.
+``1:0:5:exception,0:*:3:hang``. Kinds: exception, hang (time.sleep), hang_socket (blocked recv),
+hang_native (signals blocked: only the hard timeout ends it), sigkill, sigkill_all (also kills the
+monitor process: peers must fall back to heartbeats). ``--resources`` adds a ``resources`` event
+(threads, open fds, RSS) at the start of every attempt, for leak checks over many restarts.
 """
 
 from __future__ import annotations
@@ -28,33 +29,20 @@ import socket
 import sys
 import time
 
+import psutil
 import torch
 import torch.distributed as dist
 
 from nvrx_lab.events import EventLog
+from nvrx_lab.faults import Fault, parse_schedule
 from nvrx_lab.inprocess import CallWrapper, FillGaps, ShiftRanks, Wrapper
 
-
-def parse_faults(spec: str) -> list[tuple[int, range | None, int, str]]:
-    out = []
-    for item in filter(None, spec.split(",")):
-        rank, it, step, kind = item.split(":")
-        if it == "*":
-            its = None
-        elif "-" in it:
-            a, b = it.split("-")
-            its = range(int(a), int(b) + 1)
-        else:
-            its = range(int(it), int(it) + 1)
-        out.append((int(rank), its, int(step), kind))
-    return out
+KINDS = ("exception", "hang", "hang_socket", "hang_native", "sigkill", "sigkill_all")
 
 
-def fault_for(faults, rank, iteration, step):
-    for r, its, s, kind in faults:
-        if r == rank and s == step and (its is None or iteration in its):
-            return kind
-    return None
+def fault_for(faults: list[Fault], rank: int, iteration: int, step: int) -> str | None:
+    """The kind of the first fault ``rank`` injects before ``step`` of attempt ``iteration``."""
+    return next((f.kind for f in faults if f.rank == rank and f.step == step and f.fires_in(iteration)), None)
 
 
 def inject(kind: str) -> None:
@@ -73,22 +61,19 @@ def inject(kind: str) -> None:
         time.sleep(3600)
     elif kind in ("sigkill", "sigkill_all"):
         if kind == "sigkill_all":
-            with open(f"/proc/self/task/{os.getpid()}/children") as f:
-                for pid in f.read().split():
-                    os.kill(int(pid), signal.SIGKILL)
+            for child in psutil.Process().children():
+                os.kill(child.pid, signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)
     else:
         raise ValueError(f"unknown fault kind {kind!r}")
 
 
 def resources() -> dict:
-    with open("/proc/self/statm") as f:
-        rss_pages = int(f.read().split()[1])
-    return {"threads": len(os.listdir("/proc/self/task")), "fds": len(os.listdir("/proc/self/fd")),
-            "rss_mb": rss_pages * os.sysconf("SC_PAGE_SIZE") / 2**20}
+    me = psutil.Process()
+    return {"threads": me.num_threads(), "fds": me.num_fds(), "rss_mb": me.memory_info().rss / 2**20}
 
 
-def main(argv=None) -> int:
+def get_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m nvrx_lab.inprocess.demo_worker",
                                  description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=20)
@@ -96,7 +81,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ckpt-every", type=int, default=5)
     ap.add_argument("--ckpt-dir", default=None)
     ap.add_argument("--events", default=None)
-    ap.add_argument("--faults", default="")
+    ap.add_argument("--faults", default="", help="RANK[:ATTEMPTS]:STEP:KIND,... (see above)")
     ap.add_argument("--soft-timeout", type=float, default=2.0)
     ap.add_argument("--hard-timeout", type=float, default=4.0)
     ap.add_argument("--heartbeat-interval", type=float, default=0.2)
@@ -107,10 +92,33 @@ def main(argv=None) -> int:
     ap.add_argument("--spares", type=int, default=0)
     ap.add_argument("--resources", action="store_true", help="emit a resources event each attempt")
     a = ap.parse_args(argv)
+    try:
+        a.faults = parse_schedule(a.faults, kinds=KINDS, phases=("step",), with_attempts=True)
+    except ValueError as e:
+        ap.error(str(e))
+    return a
+
+
+def load_step(path: str | None) -> int:
+    if path and os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)["step"]
+    return 0
+
+
+def save_step(path: str, step: int) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"step": step}, f)
+    os.replace(tmp, path)
+
+
+def main(argv=None) -> int:
+    a = get_args(argv)
     rank0 = int(os.environ["RANK"])
     log = EventLog(a.events, rank0)
-    faults = parse_faults(a.faults)
     policy = (ShiftRanks if a.assignment == "shift" else FillGaps)(spares=a.spares)
+    path = os.path.join(a.ckpt_dir, "state.json") if a.ckpt_dir else None
 
     @Wrapper(soft_timeout=a.soft_timeout, hard_timeout=a.hard_timeout, max_iterations=a.max_iterations,
              min_world_size=a.min_world_size, heartbeat_interval=a.heartbeat_interval,
@@ -120,14 +128,10 @@ def main(argv=None) -> int:
             log.emit("resources", iteration=cw.iteration, **resources())
         cw.init_process_group(backend="gloo")
         t0 = time.monotonic()
-        step = 0
-        path = os.path.join(a.ckpt_dir, "state.json") if a.ckpt_dir else None
-        if path and os.path.exists(path):
-            with open(path) as f:
-                step = json.load(f)["step"]
+        step = load_step(path)
         cw.record("reload_s", time.monotonic() - t0)
         while step < a.steps:
-            kind = fault_for(faults, cw.initial_rank, cw.iteration, step)
+            kind = fault_for(a.faults, cw.initial_rank, cw.iteration, step)
             if kind:
                 log.emit("fault", fault_kind=kind, iteration=cw.iteration, step=step)
                 inject(kind)
@@ -140,10 +144,7 @@ def main(argv=None) -> int:
             log.emit("step", step=step, iteration=cw.iteration, new_rank=cw.rank, world_size=cw.world_size)
             if path and cw.rank == 0 and step % a.ckpt_every == 0:
                 with cw.atomic():
-                    tmp = f"{path}.tmp"
-                    with open(tmp, "w") as f:
-                        json.dump({"step": step}, f)
-                    os.replace(tmp, path)
+                    save_step(path, step)
         dist.barrier()
         return step, cw.iteration, cw.rank, cw.world_size
 

@@ -3,7 +3,7 @@
 
 A restart is only as fast as the slowest rank leaves its current attempt. Three places a main
 thread can sit, and what gets it out (measured on torch 2.13, CPU/gloo; see
-``tests/test_inprocess_interrupt.py``):
+``tests/test_inprocess.py`` and ``tests/workers/inprocess_gloo_cut.py``):
 
 * **Python code, ``time.sleep``, a blocking socket read, ``Lock.acquire``** — a signal sent to
   the main thread (``signal.pthread_kill(main, SIGUSR1)``) makes the syscall return with EINTR;
@@ -37,7 +37,7 @@ import signal
 import socket
 import stat
 import threading
-from typing import Iterable
+from collections.abc import Iterable
 
 INTERRUPT_SIGNAL = signal.SIGUSR1
 """The signal sent to the main thread; its handler raises :class:`RankShouldRestart` while armed."""

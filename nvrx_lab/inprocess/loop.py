@@ -23,6 +23,8 @@ import os
 import sys
 import time
 
+from nvrx_lab.net import wait_for
+
 from . import monitor_process, teardown
 from .call_wrapper import CallWrapper, ConfigError
 from .health_check import HealthCheckError
@@ -30,7 +32,7 @@ from .interrupt import MainThreadInterrupter, RankShouldRestart, SocketTracker, 
 from .monitor import MonitorThread
 from .restart_log import RestartLimitError, RestartRecord, root_cause
 from .state import State
-from .store import RestartStore, connect, poll
+from .store import RestartStore, connect
 
 
 def _env_int(name: str, default: int | None = None) -> int:
@@ -139,7 +141,7 @@ class RestartLoop:
 
     # -- one attempt -----------------------------------------------------------------------------
     def _attempt(self, state: State, pending, args, kwargs):
-        n, me = state.iteration, self.me
+        n = state.iteration
         self.progress.write(iteration=n)
         # init_process_group wraps sys.excepthook (a rank prefix) and nothing unwraps it: without
         # this, every restart adds a wrapper (one '[rankN]: ' more on every error line)
@@ -167,9 +169,10 @@ class RestartLoop:
             finally:
                 self.interrupter.armed = False
             self.store.mark_done(n, me)
-            result = poll(lambda: "done" if self.store.all_done(n, active) else
-                          ("fault" if self.store.has_fault(n) else None),
-                          self.cfg.barrier_timeout, f"all ranks to finish attempt {n}", on_poll=self.progress.write)
+            result = wait_for(lambda: "done" if self.store.all_done(n, active) else
+                              ("fault" if self.store.has_fault(n) else None), self.cfg.barrier_timeout,
+                              f"all ranks to finish in-process restart attempt {n}", interval=0.005,
+                              on_poll=self.progress.write)
             if result == "done":
                 self.monitor.disarm()
                 return "ok", value, None, time.time(), dict(cw.records)
@@ -191,8 +194,8 @@ class RestartLoop:
 
     def _spare_wait(self, state: State, cw: CallWrapper, active: list[int]):
         """A spare waits for the attempt to end: a fault (it may step in) or completion."""
-        poll(lambda: self.store.has_fault(state.iteration) or self.store.all_done(state.iteration, active),
-             float("inf"), "the attempt to end", interval=0.01, on_poll=cw.ping)
+        wait_for(lambda: self.store.has_fault(state.iteration) or self.store.all_done(state.iteration, active),
+                 float("inf"), "the attempt to end", interval=0.01, on_poll=cw.ping)
         return None
 
     def _finish(self, iteration: int) -> None:
@@ -244,8 +247,8 @@ class RestartLoop:
                                                  "assignment": {str(k): v for k, v in assignment.items()}})
 
         try:
-            decided = poll(ready, cfg.barrier_timeout, f"the live ranks to meet for attempt {n}",
-                           interval=0.002, on_poll=self.progress.write)
+            decided = wait_for(ready, cfg.barrier_timeout, f"the live ranks to meet for in-process restart attempt {n}",
+                               interval=0.002, on_poll=self.progress.write)
         except TimeoutError as e:
             raise TimeoutError(f"{e}: expected {sorted(expected)}, arrived {sorted(self.store.arrived(n, expected))}, "
                                f"dead {sorted(self.store.deaths(expected))}, silent {sorted(self.monitor.stale())} "

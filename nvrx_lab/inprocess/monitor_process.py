@@ -28,6 +28,8 @@ import signal
 import struct
 import time
 
+from nvrx_lab.net import wait_for
+
 _LAYOUT = struct.Struct("<dqqq")  # last_progress (monotonic s), iteration, armed, finished
 
 
@@ -72,11 +74,7 @@ class MonitorProcess:
         return self.returncode
 
     def wait(self, timeout: float) -> int:
-        deadline = time.monotonic() + timeout
-        while self.poll() is None:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"monitor process {self.pid} still running after {timeout} s")
-            time.sleep(0.005)
+        wait_for(lambda: self.poll() is not None, timeout, f"monitor process {self.pid} to exit", interval=0.005)
         return self.returncode
 
     def kill(self) -> None:

@@ -17,7 +17,7 @@ when an active rank is lost, so the world size stays the same while spares last.
 from __future__ import annotations
 
 import abc
-from typing import Sequence
+from collections.abc import Sequence
 
 
 class RankAssignment(abc.ABC):
@@ -75,7 +75,7 @@ class FillGaps(RankAssignment):
         # active ranks beyond the new size move first (highest first), then spares in order
         active_movers = [r for r in reversed(order) if r not in out and previous.get(r) is not None]
         spare_movers = [r for r in order if r not in out and previous.get(r) is None]
-        for hole, r in zip(holes, active_movers + spare_movers):
+        for hole, r in zip(holes, active_movers + spare_movers, strict=False):
             out[r] = hole
         for r in order:
             out.setdefault(r, None)

@@ -27,5 +27,5 @@ class State:
     fn_exception: BaseException | None = None
     """The exception that ended the previous attempt on this rank, if any."""
 
-    def replace(self, **changes) -> "State":
+    def replace(self, **changes) -> State:
         return dataclasses.replace(self, **changes)

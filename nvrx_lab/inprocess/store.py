@@ -15,16 +15,16 @@ separate from torchrun's rendezvous store. It is hosted by rank 0's *monitor pro
 ``gone/<r>``                ``r`` left for good (the host exits when every rank is gone or dead)
 ==========================  ===============================================================
 
-Every wait here polls with a deadline and a ``should_stop`` callback, so no barrier can hang on
-a dead peer.
+Every wait on these keys polls them with :func:`nvrx_lab.net.wait_for`, with a deadline wherever a
+dead peer could otherwise hang it.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from datetime import timedelta
-from typing import Callable, Iterable
 
 import torch.distributed as dist
 
@@ -60,7 +60,7 @@ class RestartStore:
         if not ranks:
             return {}
         values = self.client.multi_get([f"hb/{r}" for r in ranks])
-        return {r: int(v) for r, v in zip(ranks, values)}
+        return {r: int(v) for r, v in zip(ranks, values, strict=True)}
 
     def announce_death(self, rank: int, cause: str, detail: str, t: float) -> None:
         self.client.set(f"dead/{rank}", json.dumps({"rank": rank, "cause": cause, "detail": detail, "t": t}))
@@ -121,21 +121,3 @@ class RestartStore:
         """Every initial rank has left for good: finished (``gone``) or known dead (``dead``)."""
         return all(self.client.check([f"gone/{r}"]) or self.client.check([f"dead/{r}"])
                    for r in range(world_size))
-
-
-def poll(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.005,
-         should_stop: Callable[[], object] | None = None, on_poll: Callable[[], None] | None = None):
-    """Return ``predicate()`` once truthy; ``None`` if ``should_stop()`` becomes truthy first;
-    ``TimeoutError`` naming ``what`` after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if should_stop is not None and should_stop():
-            return None
-        if on_poll is not None:
-            on_poll()
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"in-process restart: timed out after {timeout:.1f} s waiting for {what}")
-        time.sleep(interval)

@@ -26,11 +26,11 @@ survivors run (``nvrx_lab.inprocess.spawn``, or the in-job launcher's ``min-heal
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Callable
 
-from .abort import Abort, AbortTorchDistributed
+from .abort import AbortTorchDistributed
 from .compose import Compose
 from .interrupt import SocketTracker
 from .loop import RestartLoop

@@ -13,8 +13,15 @@ import shutil
 import sys
 import tempfile
 import uuid
+from typing import TYPE_CHECKING
 
-from nvrx_lab.launcher.cli import ConfigError, parse
+from nvrx_lab.launcher.cli import ConfigError, LauncherSettings, parse
+
+if TYPE_CHECKING:
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.launcher.api import LaunchConfig
+
+    from nvrx_lab.launcher.policy import RestartPolicy
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,18 +31,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"nvrx-lab-launch: error: {e}", file=sys.stderr)
         return 2
 
-    import torch.distributed.elastic.rendezvous.registry as rdzv_registry
-    from torch.distributed.elastic.agent.server.api import WorkerSpec
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.rendezvous import RendezvousParameters
-    from torch.distributed.launcher.api import _get_addr_and_port
     from torch.distributed.run import config_from_args
 
-    from nvrx_lab.launcher.agent import HeartbeatAgent
-    from nvrx_lab.launcher.monitor import MonitorServer
     from nvrx_lab.launcher.policy import make_policy
-    from nvrx_lab.launcher.restart_log import RestartLog
-    from nvrx_lab.launcher.standby import Zygote
 
     if args.standalone:  # as torchrun does
         args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
@@ -49,6 +47,32 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not config.run_id or config.run_id == "none":
         config.run_id = str(uuid.uuid4().int)
+    return _launch(config, cmd, cmd_args, settings, policy)
+
+
+def _rendezvous(config: LaunchConfig) -> tuple[RendezvousParameters, str, int]:
+    """torchrun's rendezvous parameters for ``config``, and the workers' master address and port."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.launcher.api import _get_addr_and_port
+
+    params = RendezvousParameters(backend=config.rdzv_backend, endpoint=config.rdzv_endpoint, run_id=config.run_id,
+                                  min_nodes=config.min_nodes, max_nodes=config.max_nodes,
+                                  local_addr=config.local_addr, **config.rdzv_configs)
+    master_addr, master_port = _get_addr_and_port(params)
+    return params, master_addr, master_port
+
+
+def _launch(config: LaunchConfig, cmd: str, cmd_args: list[str], settings: LauncherSettings,
+            policy: RestartPolicy) -> int:
+    """Monitors (and the standby zygote) in a private directory, then our agent until the workers are done."""
+    import torch.distributed.elastic.rendezvous.registry as rdzv_registry
+    from torch.distributed.elastic.agent.server.api import WorkerSpec
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from nvrx_lab.launcher.agent import HeartbeatAgent
+    from nvrx_lab.launcher.monitor import MonitorServer
+    from nvrx_lab.launcher.restart_log import RestartLog
+    from nvrx_lab.launcher.standby import Zygote
 
     directory = tempfile.mkdtemp(prefix="nvrx-lab-launch-")  # 0700: monitors and zygote sockets
     monitors = MonitorServer(config.nproc_per_node, settings.timeouts(), directory)
@@ -56,10 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     if zygote is not None:
         cmd, cmd_args = zygote.wrap(cmd, cmd_args)
     restart_log = RestartLog(settings.metrics_file, config.max_restarts)
-    params = RendezvousParameters(backend=config.rdzv_backend, endpoint=config.rdzv_endpoint, run_id=config.run_id,
-                                  min_nodes=config.min_nodes, max_nodes=config.max_nodes,
-                                  local_addr=config.local_addr, **config.rdzv_configs)
-    master_addr, master_port = _get_addr_and_port(params)
+    params, master_addr, master_port = _rendezvous(config)
     os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
     result = agent = None
     rdzv_handler = None

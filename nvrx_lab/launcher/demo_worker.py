@@ -8,9 +8,11 @@
 Each step: an all-reduce over gloo, ``--step-time`` of sleep, a heartbeat and a ``step`` event
 (every rank) on ``--metrics``. Faults are deterministic: ``--fault KIND`` hits ``--fault-rank`` at
 ``--fault-step`` on each attempt whose ``TORCHELASTIC_RESTART_COUNT`` is in ``--fault-restarts``
-(``0``, ``0-9``, ``0,2``). Kinds: ``kill`` (SIGKILL itself), ``hang`` (sleeps forever, no heartbeats),
-``exit`` (exit code ``--exit-code``, 3 by default; 2 reads as a usage error and is not restarted),
-``slow`` (a legitimate ``--slow-s`` pause, inside section ``--section`` if given). ``--on-peer-loss
+(``0``, ``0-9``, ``0,2``); ``--fault-plan 0:kill,1:hang`` gives each attempt its own kind instead.
+Both become a :mod:`nvrx_lab.faults` schedule ``RANK:ATTEMPTS:STEP:KIND`` (``1:0:5:kill,1:1:5:hang``).
+Kinds: ``kill`` (SIGKILL itself), ``hang`` (sleeps forever, no heartbeats), ``exit`` (exit code
+``--exit-code``, 3 by default; 2 reads as a usage error and is not restarted), ``slow`` (a legitimate
+``--slow-s`` pause on every rank, inside section ``--section`` if given). ``--on-peer-loss
 continue`` stands in for the in-process wrapper under ``min-healthy``: a rank whose peer died drops
 the process group and trains on alone.
 """
@@ -31,25 +33,31 @@ import torch.distributed as dist  # noqa: E402
 IMPORT_S = time.perf_counter() - _t
 
 from nvrx_lab.events import EventLog  # noqa: E402
+from nvrx_lab.faults import Fault, parse_schedule  # noqa: E402
 from nvrx_lab.launcher.client import RankMonitorClient  # noqa: E402
 
+KINDS = ("kill", "hang", "exit", "slow")
 
-def parse_restarts(text: str) -> set[int]:
-    out: set[int] = set()
-    for part in filter(None, text.split(",")):
-        lo, _, hi = part.partition("-")
-        out.update(range(int(lo), int(hi or lo) + 1))
-    return out
+
+def fault_schedule(args: argparse.Namespace) -> list[Fault]:
+    """The fault flags as one schedule: ``--fault-plan ATTEMPT:KIND,…``, or else ``--fault KIND`` in each of
+    ``--fault-restarts``; every entry at ``--fault-rank`` and ``--fault-step``."""
+    if args.fault_plan:
+        plan = [item.partition(":")[::2] for item in args.fault_plan.split(",")]
+    else:
+        plan = [(attempts, args.fault) for attempts in filter(None, args.fault_restarts.split(","))]
+    spec = ",".join(f"{args.fault_rank}:{attempts}:{args.fault_step}:{kind}" for attempts, kind in plan if kind != "none")
+    return parse_schedule(spec, kinds=KINDS, phases=("step",), with_attempts=True)
 
 
 def get_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="nvrx_lab.launcher.demo_worker", description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=20, help="steps per attempt")
     p.add_argument("--step-time", type=float, default=0.05, help="seconds of 'compute' per step")
-    p.add_argument("--fault", choices=["none", "kill", "hang", "exit", "slow"], default="none")
+    p.add_argument("--fault", choices=["none", *KINDS], default="none")
     p.add_argument("--fault-rank", type=int, default=1)
     p.add_argument("--fault-step", type=int, default=5)
-    p.add_argument("--fault-restarts", type=parse_restarts, default={0}, help="attempts that fault: 0 | 0-9 | 0,2")
+    p.add_argument("--fault-restarts", default="0", help="attempts that fault: 0 | 0-9 | 0,2")
     p.add_argument("--fault-plan", default="", help="per attempt kinds, e.g. 0:kill,1:hang (overrides --fault)")
     p.add_argument("--exit-code", type=int, default=3, help="exit code of the 'exit' fault")
     p.add_argument("--slow-s", type=float, default=5.0, help="length of the 'slow' phase (s)")
@@ -59,7 +67,30 @@ def get_args(argv=None) -> argparse.Namespace:
     p.add_argument("--pg-timeout", type=float, default=60.0, help="gloo collective timeout (s)")
     p.add_argument("--on-peer-loss", choices=["fail", "continue"], default="fail")
     p.add_argument("--no-monitor", action="store_true", help="do not use the heartbeat client")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    try:
+        args.faults = fault_schedule(args)
+    except ValueError as e:
+        p.error(f"--fault/--fault-plan: {e}")
+    return args
+
+
+def inject(kind: str, exit_code: int) -> None:
+    if kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif kind == "hang":
+        time.sleep(3600)
+    elif kind == "exit":
+        sys.exit(exit_code)
+
+
+def slow_phase(client: RankMonitorClient | None, section: str, seconds: float) -> None:
+    """A legitimate long phase (checkpoint, evaluation), inside ``section`` if given."""
+    if client and section:
+        client.start_section(section)
+    time.sleep(seconds)
+    if client and section:
+        client.end_section(section)
 
 
 def main(argv=None) -> int:
@@ -74,28 +105,18 @@ def main(argv=None) -> int:
     if not args.no_monitor and RankMonitorClient.available():
         client = RankMonitorClient()
         client.init_workload_monitoring()
-    if args.fault_plan:
-        plan = dict(item.split(":") for item in args.fault_plan.split(","))
-        args.fault, args.fault_restarts = plan.get(str(restart), "none"), {restart}
-    faulty = rank == args.fault_rank and restart in args.fault_restarts and args.fault != "none"
+    now = [f for f in args.faults if f.fires_in(restart)]
+    mine = {f.step: f.kind for f in now if f.rank == rank}  # what this rank injects, by step
+    slow = {f.step for f in now if f.kind == "slow"}  # a legitimate long phase on every rank
     w = torch.zeros(8)
     alone = False
     for step in range(args.steps):
-        if faulty and step == args.fault_step:
-            events.emit("fault", step=step, fault=args.fault, restart=restart)
-            print(f"rank {rank}: injecting fault {args.fault!r} at step {step} (restart {restart})", flush=True)
-            if args.fault == "kill":
-                os.kill(os.getpid(), signal.SIGKILL)
-            elif args.fault == "hang":
-                time.sleep(3600)
-            elif args.fault == "exit":
-                sys.exit(args.exit_code)
-        if args.fault == "slow" and step == args.fault_step and restart in args.fault_restarts:
-            if client and args.section:
-                client.start_section(args.section)
-            time.sleep(args.slow_s)  # a legitimate long phase (checkpoint, evaluation) on every rank
-            if client and args.section:
-                client.end_section(args.section)
+        if step in mine:
+            events.emit("fault", step=step, fault=mine[step], restart=restart)
+            print(f"rank {rank}: injecting fault {mine[step]!r} at step {step} (restart {restart})", flush=True)
+            inject(mine[step], args.exit_code)
+        if step in slow:
+            slow_phase(client, args.section, args.slow_s)
         g = torch.randn(8, generator=torch.Generator().manual_seed(step))
         if not alone:
             try:

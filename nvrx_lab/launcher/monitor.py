@@ -45,19 +45,15 @@ def socket_path(directory: str, local_rank: int) -> str:
 
 
 def is_descendant(pid: int, ancestor: int) -> bool:
-    """Whether ``pid`` is ``ancestor`` or one of its descendants (walks ``/proc/PID/stat``)."""
-    for _ in range(64):
-        if pid == ancestor:
-            return True
-        if pid <= 1:
-            return False
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                stat = f.read()
-        except OSError:
-            return False
-        pid = int(stat.rsplit(")", 1)[1].split()[1])
-    return False
+    """Whether ``pid`` is ``ancestor`` or one of its descendants (``False`` once it is gone)."""
+    import psutil  # here, not at the top: workers import this module through the stdlib-only client
+
+    if pid == ancestor:
+        return True
+    try:
+        return any(p.pid == ancestor for p in psutil.Process(pid).parents())
+    except psutil.Error:
+        return False
 
 
 def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:

@@ -15,8 +15,8 @@ fails the same way on every attempt, so restarting would only repeat the error m
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 RestartPolicy = Callable[[int, int], bool]
 

@@ -34,10 +34,10 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import traceback
 
 from nvrx_lab.launcher.monitor import is_descendant, peer_credentials
+from nvrx_lab.net import wait_for
 
 MAX_MSG = 1 << 20
 ATTACH_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attach.py")
@@ -67,22 +67,21 @@ class Zygote:
 
     def _control(self, timeout: float = 60.0) -> socket.socket:
         if self._ctl is None:
-            deadline = time.monotonic() + timeout
-            while True:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"standby zygote exited with {self.proc.returncode}")
-                try:
-                    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-                    s.connect(self.path)
-                    s.send(json.dumps({"op": "ctl"}).encode())
-                    self._ctl = s
-                    break
-                except OSError:
-                    s.close()
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"standby zygote at {self.path} not ready after {timeout} s")
-                    time.sleep(0.05)
+            self._ctl = wait_for(self._connect_control, timeout, f"the standby zygote to listen at {self.path}")
         return self._ctl
+
+    def _connect_control(self) -> socket.socket | None:
+        """The control connection, or ``None`` while the zygote is not listening yet; raises if it exited."""
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"standby zygote exited with {self.proc.returncode}")
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            s.connect(self.path)
+            s.send(json.dumps({"op": "ctl"}).encode())
+        except OSError:
+            s.close()
+            return None
+        return s
 
     def kill_workers(self, timeout: float = 10.0) -> int:
         """SIGKILL every worker the zygote still runs and wait until they are reaped; returns how many."""
@@ -137,7 +136,7 @@ def _standby(sock: socket.socket) -> int:
     if not msg:
         return 0
     job = json.loads(msg)
-    for target, fd in zip((0, 1, 2), fds):
+    for target, fd in zip((0, 1, 2), fds, strict=False):
         os.dup2(fd, target)
         os.close(fd)
     os.environ.clear()
@@ -175,86 +174,113 @@ def serve(path: str, nstandby: int, preload: list[str]) -> None:
     _die_with_parent()
     for name in preload:
         importlib.import_module(name)
-    launcher = os.getppid()
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    _ZYGOTE_SOCKETS.append(listener)
-    standbys = [_fork_standby() for _ in range(nstandby)]
-    running: dict[int, socket.socket] = {}  # worker pid -> its attach connection
-    listener.bind(path)
-    os.chmod(path, 0o600)
-    listener.listen(64)
-    sel = selectors.DefaultSelector()
-    sel.register(listener, selectors.EVENT_READ, "listen")
-    ctl: socket.socket | None = None
-    kill_requested = False
+    _ZygoteLoop(path, nstandby).run()
 
-    def send(conn: socket.socket, obj: dict) -> None:
-        try:
-            conn.send(json.dumps(obj).encode())
-        except OSError:
-            pass
 
-    while True:
-        for key, _ in sel.select(timeout=0.01):
-            if key.data == "listen":
-                conn, _ = listener.accept()
-                _ZYGOTE_SOCKETS.append(conn)
-                pid, uid, _ = peer_credentials(conn)
-                if uid != os.getuid() or not is_descendant(pid, launcher):
-                    _ZYGOTE_SOCKETS.remove(conn)
-                    conn.close()
-                    continue
-                conn.settimeout(5)
-                msg, fds, _, _ = socket.recv_fds(conn, MAX_MSG, 3)
-                job = json.loads(msg)
-                if job["op"] == "ctl":
-                    ctl = conn
-                    sel.register(conn, selectors.EVENT_READ, "ctl")
-                    continue
-                if not standbys:
-                    standbys.append(_fork_standby())
-                wpid, wsock = standbys.pop(0)
-                socket.send_fds(wsock, [msg], fds)
-                _ZYGOTE_SOCKETS.remove(wsock)
-                wsock.close()
-                for fd in fds:
-                    os.close(fd)
-                running[wpid] = conn
-                sel.register(conn, selectors.EVENT_READ, wpid)
-                send(conn, {"pid": wpid})
-                standbys.append(_fork_standby())
-            elif key.data == "ctl":
-                data = key.fileobj.recv(MAX_MSG)
-                if not data:  # the launcher is gone: take everything down
-                    for wpid in list(running) + [p for p, _ in standbys]:
-                        os.kill(wpid, signal.SIGKILL)
-                    return
-                kill_requested, killed = True, len(running)
-                for wpid in running:
-                    os.kill(wpid, signal.SIGKILL)
-            else:  # an attach connection: readable means it closed (the attach process died)
-                wpid = key.data
-                if not key.fileobj.recv(MAX_MSG) and wpid in running:
-                    os.kill(wpid, signal.SIGKILL)
+def _send(conn: socket.socket, obj: dict) -> None:
+    try:
+        conn.send(json.dumps(obj).encode())
+    except OSError:
+        pass
+
+
+class _ZygoteLoop:
+    """The zygote's state: standbys waiting for a job, running workers with their attach connections,
+    and the launcher's control connection."""
+
+    def __init__(self, path: str, nstandby: int):
+        self.launcher = os.getppid()
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        _ZYGOTE_SOCKETS.append(self.listener)
+        self.standbys = [_fork_standby() for _ in range(nstandby)]
+        self.running: dict[int, socket.socket] = {}  # worker pid -> its attach connection
+        self.listener.bind(path)
+        os.chmod(path, 0o600)
+        self.listener.listen(64)
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(self.listener, selectors.EVENT_READ, "listen")
+        self.ctl: socket.socket | None = None
+        self.kill_requested, self.killed = False, 0
+
+    def run(self) -> None:
+        while True:
+            for key, _ in self.sel.select(timeout=0.01):
+                if key.data == "listen":
+                    self._accept()
+                elif key.data == "ctl":
+                    if not self._on_control(key.fileobj):
+                        return
+                else:  # an attach connection: readable means it closed (the attach process died)
+                    if not key.fileobj.recv(MAX_MSG) and key.data in self.running:
+                        os.kill(key.data, signal.SIGKILL)
+            self._reap()
+            if self.kill_requested and not self.running:
+                _send(self.ctl, {"killed": self.killed})
+                self.kill_requested = False
+
+    def _accept(self) -> None:
+        """A new connection: the launcher's control connection, or an attach process with a job."""
+        conn, _ = self.listener.accept()
+        _ZYGOTE_SOCKETS.append(conn)
+        pid, uid, _ = peer_credentials(conn)
+        if uid != os.getuid() or not is_descendant(pid, self.launcher):
+            _ZYGOTE_SOCKETS.remove(conn)
+            conn.close()
+            return
+        conn.settimeout(5)
+        msg, fds, _, _ = socket.recv_fds(conn, MAX_MSG, 3)
+        job = json.loads(msg)
+        if job["op"] == "ctl":
+            self.ctl = conn
+            self.sel.register(conn, selectors.EVENT_READ, "ctl")
+        else:
+            self._hand_over(conn, msg, fds)
+
+    def _hand_over(self, conn: socket.socket, msg: bytes, fds: list[int]) -> None:
+        """Give the job and the attach process's stdio to a standby, then fork its replacement."""
+        if not self.standbys:
+            self.standbys.append(_fork_standby())
+        wpid, wsock = self.standbys.pop(0)
+        socket.send_fds(wsock, [msg], fds)
+        _ZYGOTE_SOCKETS.remove(wsock)
+        wsock.close()
+        for fd in fds:
+            os.close(fd)
+        self.running[wpid] = conn
+        self.sel.register(conn, selectors.EVENT_READ, wpid)
+        _send(conn, {"pid": wpid})
+        self.standbys.append(_fork_standby())
+
+    def _on_control(self, ctl: socket.socket) -> bool:
+        """A kill request: SIGKILL every running worker. ``False`` when the launcher is gone (and everything
+        with it)."""
+        if not ctl.recv(MAX_MSG):  # the launcher is gone: take everything down
+            for wpid in list(self.running) + [p for p, _ in self.standbys]:
+                os.kill(wpid, signal.SIGKILL)
+            return False
+        self.kill_requested, self.killed = True, len(self.running)
+        for wpid in self.running:
+            os.kill(wpid, signal.SIGKILL)
+        return True
+
+    def _reap(self) -> None:
+        """Collect exited children: a worker's exit goes to its attach process; a standby is forgotten."""
         while True:
             try:
                 wpid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
-                break
+                return
             if wpid == 0:
-                break
-            if wpid in running:
-                conn = running.pop(wpid)
+                return
+            if wpid in self.running:
+                conn = self.running.pop(wpid)
                 sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
-                send(conn, {"signal": sig} if sig else {"exit": os.WEXITSTATUS(status)})
-                sel.unregister(conn)
+                _send(conn, {"signal": sig} if sig else {"exit": os.WEXITSTATUS(status)})
+                self.sel.unregister(conn)
                 _ZYGOTE_SOCKETS.remove(conn)
                 conn.close()
             else:
-                standbys = [(p, s) for p, s in standbys if p != wpid]
-        if kill_requested and not running:
-            send(ctl, {"killed": killed})
-            kill_requested = False
+                self.standbys = [(p, s) for p, s in self.standbys if p != wpid]
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ class Timeouts:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Timeouts":
+    def from_dict(cls, d: dict) -> Timeouts:
         unknown = set(d) - {"initial", "steady", "sections"}
         if unknown:
             raise ValueError(f"unknown timeout keys {sorted(unknown)}; valid: initial, steady, sections")
@@ -110,7 +110,7 @@ class Observed:
     sections: dict[str, float] = field(default_factory=dict)
     """Longest duration of each section."""
 
-    def merge(self, other: "Observed") -> "Observed":
+    def merge(self, other: Observed) -> Observed:
         pick = lambda a, b: b if a is None else a if b is None else max(a, b)  # noqa: E731
         names = set(self.sections) | set(other.sections)
         return Observed(pick(self.initial, other.initial), pick(self.steady, other.steady),

@@ -15,15 +15,23 @@ load, naming the checkpoint and the mismatching tensor, and must not save over i
 from __future__ import annotations
 
 import hashlib
-import subprocess
 import sys
 from pathlib import Path
 
 from nvrx_lab.reliability import Row, timed
+from nvrx_lab.runner import Launcher, Value, run, trainer
 
-TRAIN = [sys.executable, "-m", "nvrx_lab.train", "--log-every", "0", "--global-batch", "4", "--seq-len", "32"]
-LAUNCH = [sys.executable, "-m", "nvrx_lab.launcher", "--nproc-per-node", "1"]
 RENDER = [sys.executable, "-m", "nvrx_lab.eks", "render"]
+
+
+def train(**flags: Value) -> list[str]:
+    """The trainer alone (a world of one), small, with ``flags``."""
+    return trainer(log_every=0, global_batch=4, seq_len=32, **flags).argv()
+
+
+def launch(**flags: Value) -> list[str]:
+    """The launcher with ``flags`` and one worker, ``x.py`` (never started: the flags are refused first)."""
+    return Launcher(nproc_per_node=1, **flags).argv(["x.py"])
 
 
 def snapshot(root: Path) -> dict[str, str]:
@@ -39,9 +47,8 @@ def prepare(work: Path) -> None:
     """The folders the trials point at: another model's checkpoint, a foreign folder, a file, a YAML."""
     work.mkdir(parents=True, exist_ok=True)
     if not (work / "other_model").exists():
-        subprocess.run([*TRAIN, "--steps", "2", "--ckpt", "sync", "--ckpt-interval", "2", "--dim", "64",
-                        "--hidden-dim", "172", "--ckpt-dir", str(work / "other_model")],
-                       check=True, capture_output=True, timeout=300)
+        run(train(steps=2, ckpt="sync", ckpt_interval=2, dim=64, hidden_dim=172, ckpt_dir=work / "other_model"),
+            timeout=300).check()
     (work / "foreign").mkdir(exist_ok=True)
     (work / "foreign" / "model.pt").write_bytes(b"someone else's weights")
     (work / "a_file").write_text("not a folder")
@@ -56,35 +63,34 @@ def cases(work: Path) -> list[tuple[str, list[str], list[str]]]:
     """(name, command, substrings the message must hold)."""
     w = str(work)
     return [
-        ("trainer: negative --steps", [*TRAIN, "--steps", "-1"], ["--steps must be >= 0"]),
-        ("trainer: --device tpu", [*TRAIN, "--device", "tpu"], ["--device", "choose from"]),
-        ("trainer: async without a folder", [*TRAIN, "--ckpt", "async"], ["--ckpt async needs --ckpt-dir"]),
-        ("trainer: --ckpt-interval 0", [*TRAIN, "--ckpt", "sync", "--ckpt-dir", f"{w}/new", "--ckpt-interval", "0"],
+        ("trainer: negative --steps", train(steps=-1), ["--steps must be >= 0"]),
+        ("trainer: --device tpu", train(device="tpu"), ["--device", "choose from"]),
+        ("trainer: async without a folder", train(ckpt="async"), ["--ckpt async needs --ckpt-dir"]),
+        ("trainer: --ckpt-interval 0", train(ckpt="sync", ckpt_dir=f"{w}/new", ckpt_interval=0),
          ["--ckpt-interval must be >= 1"]),
-        ("trainer: fault schedule", [*TRAIN, "--faults", "1:x:hang"], ["--faults entry '1:x:hang'", "integers"]),
-        ("trainer: fault phase", [*TRAIN, "--faults", "1:3:hang:later"], ["phase 'later'", "step, save, load"]),
-        ("trainer: soft > hard timeout", [*TRAIN, "--soft-timeout", "5", "--hard-timeout", "2"],
+        ("trainer: fault schedule", train(faults="1:x:hang"), ["--faults entry '1:x:hang'", "integers"]),
+        ("trainer: fault phase", train(faults="1:3:hang:later"), ["phase 'later'", "step, save, load"]),
+        ("trainer: soft > hard timeout", train(soft_timeout=5, hard_timeout=2),
          ["--soft-timeout (5.0) <= --hard-timeout (2.0)"]),
-        ("trainer: launcher mode without launcher", [*TRAIN, "--restart", "launcher"], ["python -m nvrx_lab.launcher"]),
-        ("ckpt dir: a file", [*TRAIN, "--ckpt", "sync", "--ckpt-dir", f"{w}/a_file"], ["--ckpt-dir", "a_file", "is a file"]),
-        ("trainer: fault beyond --steps", [*TRAIN, "--steps", "20", "--faults", "0:25:hang"],
+        ("trainer: launcher mode without launcher", train(restart="launcher"), ["python -m nvrx_lab.launcher"]),
+        ("ckpt dir: a file", train(ckpt="sync", ckpt_dir=f"{w}/a_file"), ["--ckpt-dir", "a_file", "is a file"]),
+        ("trainer: fault beyond --steps", train(steps=20, faults="0:25:hang"),
          ["0:25:hang", "outside this run's steps 1..20"]),
-        ("trainer: fault on a rank outside the world", [*TRAIN, "--faults", "1:2:exception"],
+        ("trainer: fault on a rank outside the world", train(faults="1:2:exception"),
          ["1:2:exception", "rank 1 is not in this world of 1"]),
-        ("ckpt dir: not a checkpoint", [*TRAIN, "--ckpt", "sync", "--ckpt-dir", f"{w}/foreign"],
+        ("ckpt dir: not a checkpoint", train(ckpt="sync", ckpt_dir=f"{w}/foreign"),
          ["not a folder this trainer saved to", "model.pt"]),
-        ("ckpt dir: an uncommitted step folder", [*TRAIN, "--ckpt", "sync", "--ckpt-dir", f"{w}/plain_dcp"],
+        ("ckpt dir: an uncommitted step folder", train(ckpt="sync", ckpt_dir=f"{w}/plain_dcp"),
          ["step_00000005/ (not committed: no nvrx_commit.json)"]),
-        ("ckpt dir: another model's", [*TRAIN, "--steps", "4", "--ckpt", "sync", "--ckpt-dir", f"{w}/other_model"],
+        ("ckpt dir: another model's", train(steps=4, ckpt="sync", ckpt_dir=f"{w}/other_model"),
          ["other_model", "another run", "--dim 128 (the run has 64)", "--hidden-dim 344 (the run has 172)"]),
-        ("ckpt dir: another seed", [*TRAIN, "--steps", "4", "--seed", "7", "--dim", "64", "--hidden-dim", "172",
-                                    "--ckpt", "sync", "--ckpt-dir", f"{w}/other_model"], ["--seed 7 (the run has 0)"]),
-        ("launcher: negative heartbeat timeout", [*LAUNCH, "--heartbeat-timeout", "-1", "x.py"],
-         ["--heartbeat-timeout"]),
-        ("launcher: missing YAML", [*LAUNCH, "--config", f"{w}/missing.yaml", "x.py"], ["missing.yaml", "cannot read"]),
-        ("launcher: YAML typo", [*LAUNCH, "--config", f"{w}/typo.yaml", "x.py"],
+        ("ckpt dir: another seed", train(steps=4, seed=7, dim=64, hidden_dim=172, ckpt="sync", ckpt_dir=f"{w}/other_model"),
+         ["--seed 7 (the run has 0)"]),
+        ("launcher: negative heartbeat timeout", launch(heartbeat_timeout=-1), ["--heartbeat-timeout"]),
+        ("launcher: missing YAML", launch(config=f"{w}/missing.yaml"), ["missing.yaml", "cannot read"]),
+        ("launcher: YAML typo", launch(config=f"{w}/typo.yaml"),
          ["unknown key 'heartbeat_timout'", "valid keys: heartbeat_timeout"]),
-        ("launcher: YAML not a mapping", [*LAUNCH, "--config", f"{w}/list.yaml", "x.py"], ["expected a mapping"]),
+        ("launcher: YAML not a mapping", launch(config=f"{w}/list.yaml"), ["expected a mapping"]),
         ("JobSpec: 0 nodes", [*RENDER, "--out", f"{w}/manifests", "--nodes", "0"], ["JobSpec.nodes", ">= 1"]),
         ("JobSpec: unknown instance", [*RENDER, "--out", f"{w}/manifests", "--instance-type", "p9.huge"],
          ["JobSpec.instance_type", "p5.48xlarge"]),
@@ -113,8 +119,8 @@ def api_cases(work: Path) -> list[tuple[str, callable, list[str]]]:
 def _command(cmd: list[str], work: Path):
     """An attempt that runs ``cmd``: (refused, what it printed)."""
     def attempt() -> tuple[bool, str]:
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=work)
-        return res.returncode != 0, f"exit {res.returncode}: {res.stdout}{res.stderr}"
+        res = run(cmd, timeout=120, cwd=work)
+        return res.returncode != 0 and not res.timed_out, f"exit {res.returncode}: {res.output}"
     return attempt
 
 

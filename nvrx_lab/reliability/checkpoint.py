@@ -48,8 +48,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from nvrx_lab.checkpoint import (AsyncCheckpointer, CheckpointCorruptError, CheckpointWriteError, committed_steps,
-                                 step_dir)
+from nvrx_lab.checkpoint import AsyncCheckpointer, CheckpointCorruptError, CheckpointWriteError, committed_steps, step_dir
 from nvrx_lab.reliability import Row, logger_at, timed
 from nvrx_lab.reliability.checkpoint_child import blank, fresh, holds_step, state_at, stray
 from nvrx_lab.reliability.checkpoint_crash import sigkill_trainer_mid_save, sigkill_writer_mid_save

@@ -85,12 +85,12 @@ def trainer(folder: Path, mib: float, bandwidth: float) -> None:
         state = blank(mib)
         ckpt.load(state, step=step)
         say("resumed", step, *([] if holds_step(state, step, mib) else ["MISMATCH"]))
-    for step in range(step + 1, step + 50):  # the parent kills it long before
-        state = state_at(step, mib)
-        say("saving", step)
-        ckpt.async_save(state, step=step)
+    for nxt in range(step + 1, step + 50):  # the parent kills it long before
+        state = state_at(nxt, mib)
+        say("saving", nxt)
+        ckpt.async_save(state, step=nxt)
         ckpt.finalize_async_save(blocking=True)
-        say("committed", step)
+        say("committed", nxt)
     ckpt.close()
 
 

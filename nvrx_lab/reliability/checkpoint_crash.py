@@ -38,8 +38,9 @@ import threading
 import time
 from pathlib import Path
 
-from nvrx_lab.checkpoint import (AsyncCheckpointer, CheckpointError, CheckpointWriterDied, committed_steps, step_dir,
-                                 verify)
+import psutil
+
+from nvrx_lab.checkpoint import AsyncCheckpointer, CheckpointError, CheckpointWriterDied, committed_steps, step_dir, verify
 from nvrx_lab.checkpoint.staging import shm_dir
 from nvrx_lab.reliability import Row, logger_at, timed
 from nvrx_lab.reliability.checkpoint_child import blank, fresh, holds_step, state_at, stray
@@ -54,13 +55,10 @@ AHEAD = 3
 def _alive(pid: int) -> bool:
     """True while ``pid`` runs; a zombie waiting to be reaped by its new parent counts as gone."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.NoSuchProcess:
         return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
+    except psutil.AccessDenied:
         return True
 
 

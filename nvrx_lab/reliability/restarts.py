@@ -25,21 +25,18 @@ whatever still carries it after a short grace is an orphan, counted and then kil
 from __future__ import annotations
 
 import collections
-import os
 import random
-import signal
 import statistics
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
 
 import psutil
 
+from nvrx_lab import runner
 from nvrx_lab.events import read_events
-from nvrx_lab.net import free_port
 from nvrx_lab.reliability import Row, timed
+from nvrx_lab.runner import Launcher, Spawn, Worker
 
 RUN_ENV = "NVRX_LAB_RUN_ID"
 """Marks every process of one run (inherited through fork and exec)."""
@@ -78,26 +75,17 @@ def _orphans(run_id: str, grace: float = LINGER_S) -> tuple[list[str], float]:
 
 
 def _run(cmd: list[str], work: Path, name: str, timeout: float) -> dict:
-    """Run ``cmd`` in its own session with a fresh run id; output goes to ``work/<name>.log``.
-    Returns ``rc`` (``None`` on timeout), ``log``, ``wall_s``, ``orphans``, ``linger_s``."""
+    """Run ``cmd`` (:func:`nvrx_lab.runner.run`, its group left alone after a clean exit) with a fresh run id;
+    output goes to ``work/<name>.log``. Returns ``rc`` (``None`` on timeout), ``log``, ``wall_s``, ``orphans``,
+    ``linger_s``."""
     run_id = uuid.uuid4().hex
-    env = {**os.environ, RUN_ENV: run_id, "LOGLEVEL": "WARNING"}
-    log_path = work / f"{name}.log"
-    t0 = time.monotonic()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=work,
-                                start_new_session=True)
-        try:
-            rc = proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            rc = None
-            os.killpg(proc.pid, signal.SIGKILL)
-            for p in _marked(run_id):  # workers live in sessions of their own
-                p.kill()
-            proc.wait()
-    wall = time.monotonic() - t0
-    orphans, linger = _orphans(run_id) if rc is not None else ([], 0.0)
-    return {"rc": rc, "log": log_path.read_text(errors="replace"), "wall_s": wall,
+    res = runner.run(cmd, timeout, env={RUN_ENV: run_id, "LOGLEVEL": "WARNING"}, cwd=work, log=work / f"{name}.log",
+              kill_leftovers=False)
+    if res.timed_out:
+        for p in _marked(run_id):  # workers live in sessions of their own
+            p.kill()
+    orphans, linger = ([], 0.0) if res.timed_out else _orphans(run_id)
+    return {"rc": None if res.timed_out else res.returncode, "log": res.output, "wall_s": res.wall_s,
             "orphans": orphans, "linger_s": linger}
 
 
@@ -133,10 +121,9 @@ def inprocess_soak(work: Path, restarts: int = 100) -> Row:
               "the limit stops the job; error lines not repeated per restart; no process left")
     with timed(row):
         limit = 60 + 1.5 * restarts
-        cmd = [sys.executable, "-m", "nvrx_lab.inprocess.spawn", "--nproc", "2", "--timeout", str(limit), "--",
-               sys.executable, "-m", "nvrx_lab.inprocess.demo_worker", "--steps", "3", "--step-time", "0",
-               "--faults", "1:*:1:exception", "--max-iterations", str(restarts + 1), "--resources",
-               "--events", str(ev)]
+        cmd = Spawn(2, timeout=limit).argv(Worker.of("nvrx_lab.inprocess.demo_worker", steps=3, step_time=0,
+                                                     faults="1:*:1:exception", max_iterations=restarts + 1,
+                                                     resources=True, events=ev))
         run = _run(cmd, work, "inprocess", timeout=limit + 10)
         restart_ev = read_events(ev, "restart")
         count = collections.Counter((e["rank"], e["iteration"]) for e in restart_ev)
@@ -173,12 +160,10 @@ def inprocess_soak(work: Path, restarts: int = 100) -> Row:
 
 
 # -- launcher -----------------------------------------------------------------------------------
-def _launcher_cmd(ev: Path, heartbeat_timeout: float, launcher_flags: list[str], worker_flags: list[str]) -> list[str]:
-    return [sys.executable, "-m", "nvrx_lab.launcher", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--monitor-interval", "0.1", "--shutdown-timeout", "2",
-            "--heartbeat-timeout", str(heartbeat_timeout), "--initial-heartbeat-timeout", "60",
-            "--metrics-file", str(ev), *launcher_flags,
-            "-m", "nvrx_lab.launcher.demo_worker", "--metrics", str(ev), *worker_flags]
+def _launcher_cmd(ev: Path, heartbeat_timeout: float, launcher_flags: dict, worker_flags: list[str]) -> list[str]:
+    launcher = Launcher.local(2, monitor_interval=0.1, shutdown_timeout=2, heartbeat_timeout=heartbeat_timeout,
+                              initial_heartbeat_timeout=60, metrics_file=ev, **launcher_flags)
+    return launcher.argv(Worker.of("nvrx_lab.launcher.demo_worker", *worker_flags, metrics=ev))
 
 
 def fault_plan(restarts: int, seed: int = 0) -> list[str]:
@@ -202,7 +187,7 @@ def launcher_soak(work: Path, restarts: int = 50, seed: int = 0, heartbeat_timeo
               "every fault followed by both ranks training in the next attempt; exit 0; no process left")
     with timed(row):
         plan = ",".join(f"{r}:{k}" for r, k in enumerate(kinds))
-        cmd = _launcher_cmd(ev, heartbeat_timeout, ["--max-restarts", str(restarts)],
+        cmd = _launcher_cmd(ev, heartbeat_timeout, dict(max_restarts=restarts),
                             ["--steps", "4", "--step-time", "0.02", "--fault-rank", "1", "--fault-step", "2",
                              "--fault-plan", plan, "--pg-timeout", "30"])
         run = _run(cmd, work, "launcher", timeout=60 + restarts * (heartbeat_timeout + 10))
@@ -250,10 +235,10 @@ def long_section_no_false_hang(work: Path, phase_s: float = 10, heartbeat_timeou
                 "--slow-s", str(phase_s), "--pg-timeout", str(phase_s + 60)]
         runs = {}
         for name, launcher_flags, worker_flags in (
-                ("section", ["--section-timeouts", f"checkpoint={2 * phase_s:g}"], ["--section", "checkpoint"]),
-                ("control", [], [])):
+                ("section", dict(section_timeouts=f"checkpoint={2 * phase_s:g}"), ["--section", "checkpoint"]),
+                ("control", {}, [])):
             ev = _fresh_events(work / name)
-            cmd = _launcher_cmd(ev, heartbeat_timeout, ["--max-restarts", "0", *launcher_flags],
+            cmd = _launcher_cmd(ev, heartbeat_timeout, dict(max_restarts=0, **launcher_flags),
                                 [*slow, *worker_flags])
             runs[name] = (_run(cmd, work / name, "launcher", timeout=phase_s + 90), read_events(ev))
         run, events = runs["section"]

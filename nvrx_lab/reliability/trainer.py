@@ -23,21 +23,17 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 from nvrx_lab.events import read_events
-from nvrx_lab.net import free_port_pair
 from nvrx_lab.reliability import Row, timed
-from nvrx_lab.runner import run
+from nvrx_lab.runner import Value, head_for, run, trainer
 
 STEPS = 12
-TRAIN = ["--ckpt", "async", "--ckpt-wait-writer", "--ckpt-interval", "3", "--steps", str(STEPS), "--log-every", "0",
-         "--global-batch", "4", "--seq-len", "32"]
-SLOW_WRITES = ["--ckpt-write-bandwidth", str(8 << 20)]
+TRAIN = dict(ckpt="async", ckpt_wait_writer=True, ckpt_interval=3, steps=STEPS, log_every=0, global_batch=4, seq_len=32)
+SLOW_WRITES = dict(ckpt_write_bandwidth=8 << 20)
 
 
 def curve_problem(events: list[dict], steps: int) -> str | None:
@@ -64,19 +60,14 @@ def resume_problem(events: list[dict]) -> str | None:
     return None
 
 
-def trainer_cmd(work: Path, restart: str, faults: str, *extra: str) -> list[str]:
+def trainer_cmd(work: Path, restart: str, faults: str, **extra: Value) -> list[str]:
     """The trainer on 2 ranks: under ``nvrx_lab.launcher`` for the launcher modes, else under torchrun."""
-    port, metrics = free_port_pair(), work / "m.jsonl"
-    if restart.startswith("launcher"):
-        head = [sys.executable, "-m", "nvrx_lab.launcher", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-                "--rdzv-endpoint", f"127.0.0.1:{port}", "--max-restarts", "3", "--heartbeat-timeout", "3",
-                "--initial-heartbeat-timeout", "60", "--monitor-interval", "0.2", "--metrics-file", str(metrics)]
-    else:
-        head = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-                "--master-port", str(port)]
-    inprocess = ["--soft-timeout", "3", "--hard-timeout", "30"] if restart.endswith("inprocess") else []
-    return [*head, "-m", "nvrx_lab.train", "--restart", restart, "--ckpt-dir", str(work / "ckpt"), "--faults", faults,
-            "--metrics", str(metrics), *TRAIN, *inprocess, *extra]
+    metrics = work / "m.jsonl"
+    head = head_for(restart, 2, max_restarts=3, heartbeat_timeout=3, initial_heartbeat_timeout=60, monitor_interval=0.2,
+                    metrics_file=metrics)
+    inprocess = dict(soft_timeout=3, hard_timeout=30) if restart.endswith("inprocess") else {}
+    return head.argv(trainer(restart=restart, ckpt_dir=work / "ckpt", faults=faults, metrics=metrics, **TRAIN,
+                             **inprocess, **extra))
 
 
 def kill_when(metrics: Path, match, stop: threading.Event, timeout: float = 120) -> threading.Thread:
@@ -133,20 +124,20 @@ def _trial_dir(work: Path, phase: str, mode: str) -> Path:
 
 
 def _fault_in_phase(row: Row, work: Path, modes: tuple[str, ...], phase: str, schedule, expect_faults: int,
-                    *extra: str) -> Row:
+                    **extra: Value) -> Row:
     """One trial per mode with the faults ``schedule(kind)``: SIGKILL under the launcher, else an exception."""
     with timed(row):
         for mode in modes:
             kind = "sigkill" if mode == "launcher" else "exception"
             w = _trial_dir(work, phase, mode)
-            check_run(row, f"{mode} {kind}", trainer_cmd(w, mode, schedule(kind), *extra), w,
+            check_run(row, f"{mode} {kind}", trainer_cmd(w, mode, schedule(kind), **extra), w,
                       expect_faults=expect_faults, expect_phase=phase)
     return row
 
 
 def fault_during_save(work: Path, modes: tuple[str, ...] = ("launcher", "inprocess")) -> Row:
     row = Row("fault during a save", "job recovers; it resumes only from committed steps; one loss curve")
-    return _fault_in_phase(row, work, modes, "save", lambda kind: f"1:6:{kind}:save", 1, *SLOW_WRITES)
+    return _fault_in_phase(row, work, modes, "save", lambda kind: f"1:6:{kind}:save", 1, **SLOW_WRITES)
 
 
 def fault_during_load(work: Path, modes: tuple[str, ...] = ("launcher", "inprocess")) -> Row:
@@ -176,7 +167,7 @@ def fault_during_restart(work: Path, modes: tuple[str, ...] = ("launcher", "laun
                                    ("exception", _rank0_once_faulted, "rank 0 killed mid-restart"))
             w = _trial_dir(work, "restart", mode)
             check_run(row, f"{mode}: {victim}", trainer_cmd(w, mode, f"1:8:{kind}"), w, expect_faults=1,
-                      killer=lambda metrics, stop: kill_when(metrics, match, stop))
+                      killer=lambda metrics, stop, match=match: kill_when(metrics, match, stop))
     return row
 
 

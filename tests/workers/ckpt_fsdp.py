@@ -10,7 +10,6 @@ trains a third step in place *before* finalizing, and checks every rank agrees o
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 

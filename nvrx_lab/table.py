@@ -1,20 +1,25 @@
-"""Shared output for benchmarks: a plain-text table on stdout and a JSON file with the same rows."""
+"""Tables of results: a plain-text table on stdout and a JSON file with the same rows.
+
+Every benchmark (``python -m nvrx_lab.bench …``) ends with :func:`report`; ``python -m
+nvrx_lab.report`` and the notebooks print rows with :func:`format_table`. :func:`median` and
+:func:`p95` are the two statistics the tables show.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import platform
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
-
-import torch
+from typing import Any
 
 
 def machine() -> dict[str, Any]:
     """Where a figure was measured: printed and stored with every result."""
-    import os
+    import torch
 
     return {
         "host": platform.node(),
@@ -27,10 +32,12 @@ def machine() -> dict[str, Any]:
 
 
 def median(xs: Sequence[float]) -> float:
+    """The median, NaN for no values."""
     return statistics.median(xs) if xs else float("nan")
 
 
 def p95(xs: Sequence[float]) -> float:
+    """The 95th percentile (nearest rank), NaN for no values."""
     if not xs:
         return float("nan")
     s = sorted(xs)
@@ -44,12 +51,13 @@ def _fmt(v: Any) -> str:
 
 
 def format_table(rows: list[dict[str, Any]], columns: Sequence[str] | None = None) -> str:
+    """``rows`` as aligned text, one line per row; ``columns`` picks and orders them (default: the first row's keys)."""
     if not rows:
         return "(no rows)"
     columns = list(columns or rows[0].keys())
     cells = [[_fmt(r.get(c, "")) for c in columns] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-    line = lambda vals: "  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(vals, widths)))  # noqa: E731
+    line = lambda vals: "  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(vals, widths, strict=True)))  # noqa: E731
     return "\n".join([line(columns), line(["-" * w for w in widths]), *(line(r) for r in cells)])
 
 

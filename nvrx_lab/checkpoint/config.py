@@ -1,0 +1,23 @@
+"""The knobs of :class:`~nvrx_lab.checkpoint.AsyncCheckpointer`, one field each with its docs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class CheckpointerConfig:
+    """Knobs of :class:`AsyncCheckpointer` (all but ``directory`` have defaults)."""
+
+    directory: str
+    """Folder holding ``step_XXXXXXXX`` checkpoints; shared by all ranks (created on first save)."""
+    keep_last: int = 3
+    """Committed checkpoints to keep; the newest committed one is never deleted."""
+    write_bandwidth: float | None = None
+    """Cap on each rank's write speed in bytes/s (storage simulation); None = unlimited."""
+    verify: str = "full"
+    """``latest_step``/``load`` verification: "full" (sizes + CRC32) or "size" (sizes only)."""
+    commit_timeout: float = 600.0
+    """Seconds rank 0 waits in a blocking finalize for every rank's done marker."""
+    start_writer: bool = True
+    """Spawn the writer at construction (hides its ~2 s start-up); False: at the first ``async_save``."""

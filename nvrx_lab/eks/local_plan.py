@@ -1,0 +1,271 @@
+"""``plan(manifests, workdir)``: the pods of an Indexed Job as local processes, mapped to a laptop; starts nothing.
+
+Each completion index becomes one :class:`LocalPod`: the container's ``command``/``args`` (with
+``args`` alone, as rendered, the image's entrypoint is skipped: a laptop needs no CUDA compat set-up)
+and the environment Kubernetes would give it: the manifest's variables (``$(VAR)`` expanded), the
+downward API (``JOB_COMPLETION_INDEX`` from the index annotation, pod name, namespace, IPs),
+``HOSTNAME=<job>-<i>``, and Secrets only if passed in ``secrets``. What a laptop does not have is
+mapped, and only that, one whole value at a time (never inside a string):
+
+* a variable naming a pod ``<job>-<i>.<service>[.<ns>[.svc[.cluster.local]]]`` -> ``127.0.0.1``;
+* the Service's ports -> free local ports (``MASTER_PORT``, ``RDZV_PORT`` …);
+* GPUs -> CPU worker processes: ``NPROC_PER_NODE`` capped at ``max_procs_per_node``;
+* volume mount paths -> directories under ``workdir`` (a PersistentVolumeClaim is shared by all
+  pods like FSx, a ConfigMap's data becomes files, ``/dev/shm`` stays ``/dev/shm``).
+
+The rendered container script (:func:`~nvrx_lab.eks.commands.container_script`, built from structured
+command objects) reads all of these from its environment, the launcher's ``--config`` too
+(``LAUNCHER_CONFIG``), so it runs unchanged: from :func:`~nvrx_lab.eks.render.render` or from YAML files.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nvrx_lab.net import free_port_pair
+from nvrx_lab.runner import LOOPBACK
+
+SECRETISH = re.compile(r"^AWS_|TOKEN|SECRET|PASSWORD|CREDENTIAL", re.I)
+INDEX_KEY = "batch.kubernetes.io/job-completion-index"
+
+
+@dataclass
+class LocalPod:
+    index: int
+    """Completion index = node rank."""
+    hostname: str
+    """``<job>-<index>``, as the Indexed Job names the pod's host."""
+    argv: list[str]
+    """The container's command + args after mapping."""
+    env: dict[str, str]
+    """The container's environment after mapping (host variables underneath)."""
+    logs: list[Path] = field(default_factory=list)
+    """One log file per attempt."""
+    returncodes: list[int] = field(default_factory=list)
+    """Exit code of each attempt."""
+    proc: subprocess.Popen | None = None
+
+
+@dataclass
+class LocalRun:
+    pods: list[LocalPod]
+    workdir: Path
+    mounts: dict[str, Path]
+    """Mount path in the pod -> local directory."""
+    ports: dict[int, int]
+    """Service port -> local port."""
+    status: str = "pending"
+    """Succeeded, Failed (backoffLimit or a FailJob rule) or timeout."""
+    failures: int = 0
+    wall_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "Succeeded"
+
+    def local_path(self, pod_path: str) -> Path:
+        """Where a path inside the pod (e.g. ``/fsx/job/metrics.jsonl``) lives on this machine."""
+        local = _local_path(self.mounts, pod_path)
+        if local is None:
+            raise ValueError(f"{pod_path!r} is not under any volume mount ({', '.join(self.mounts)})")
+        return local
+
+    def log(self, index: int = 0, attempt: int = -1) -> str:
+        return self.pods[index].logs[attempt].read_text(errors="replace") if self.pods[index].logs else ""
+
+
+def _one(manifests: list[dict], kind: str) -> dict:
+    found = [m for m in manifests if m.get("kind") == kind]
+    if len(found) != 1:
+        raise ValueError(f"manifests: expected exactly one {kind}, found {len(found)}")
+    return found[0]
+
+
+def _expand(text: str, env: dict[str, str]) -> str:
+    """Kubernetes' ``$(VAR)`` expansion (``$$(`` escapes; unknown variables stay as written)."""
+    return re.sub(r"\$\$\(|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+                  lambda m: "$(" if m.group(0) == "$$(" else env.get(m.group(1), m.group(0)), text)
+
+
+def _field_ref(path: str, job: str, ns: str, index: int) -> str:
+    if path in (f"metadata.annotations['{INDEX_KEY}']", f"metadata.labels['{INDEX_KEY}']"):
+        return str(index)
+    values = {"metadata.name": f"{job}-{index}-local", "metadata.namespace": ns, "metadata.uid": str(uuid.uuid4()),
+              "status.podIP": "127.0.0.1", "status.hostIP": "127.0.0.1", "spec.nodeName": "localhost",
+              "spec.serviceAccountName": "default"}
+    if path not in values:
+        raise ValueError(f"env fieldRef {path!r} has no local equivalent; supported: {', '.join(values)}, the completion index")
+    return values[path]
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What every pod of the Job shares, and what a laptop maps it to."""
+
+    name: str
+    namespace: str
+    nodes: int
+    container: dict
+    ports: dict[int, int]
+    gpus: int
+    nproc: int
+    configmaps: dict[str, dict]
+    secrets: dict[tuple[str, str], str]
+    hosts: frozenset[str]
+    """The pods' DNS names (``<job>-<i>.<service>[.<ns>[.svc[.cluster.local]]]``), all ``127.0.0.1`` here."""
+
+
+def _local_path(mounts: dict[str, Path], pod_path: str) -> Path | None:
+    """Where ``pod_path`` lives on this machine: under the longest volume mount that holds it."""
+    for mount, local in sorted(mounts.items(), key=lambda kv: -len(kv[0])):
+        if pod_path == mount or pod_path.startswith(mount.rstrip("/") + "/"):
+            return local / pod_path[len(mount):].lstrip("/")
+    return None
+
+
+def _local_ports(manifests: list[dict], service: str, cont: dict) -> dict[int, int]:
+    """Every port the Service (or the container) declares -> a free local port (and the next one free too)."""
+    declared = [p["port"] for s in manifests if s.get("kind") == "Service" and s["metadata"]["name"] == service
+                for p in s["spec"].get("ports", [])] or [p["containerPort"] for p in cont.get("ports", [])]
+    ports: dict[int, int] = {}
+    for p in declared:
+        while p not in ports:
+            q = free_port_pair()
+            if q not in ports.values() and q + 1 not in ports.values():
+                ports[p] = q
+    return ports
+
+
+def _shared_mounts(pspec: dict, cont: dict, configmaps: dict[str, dict], workdir: Path) -> dict[str, Path]:
+    """Mounts every pod shares: a PersistentVolumeClaim's directory (like FSx), a ConfigMap's files."""
+    vols = {v["name"]: v for v in pspec.get("volumes", [])}
+    shared: dict[str, Path] = {}
+    for mount in cont.get("volumeMounts", []):
+        v = vols[mount["name"]]
+        if "persistentVolumeClaim" in v:
+            shared[mount["mountPath"]] = workdir / "pvc" / v["persistentVolumeClaim"]["claimName"]
+        elif "configMap" in v:
+            d = workdir / "configmap" / v["configMap"]["name"]
+            d.mkdir(parents=True, exist_ok=True)
+            for fname, text in configmaps.get(v["configMap"]["name"], {}).items():
+                (d / fname).write_text(text)
+            shared[mount["mountPath"]] = d
+    return shared
+
+
+def _pod_mounts(cont: dict, shared: dict[str, Path], workdir: Path, index: int) -> dict[str, Path]:
+    """The shared mounts plus this pod's own scratch volumes (``/dev/shm`` stays ``/dev/shm``); created."""
+    mounts = dict(shared)
+    for mount in cont.get("volumeMounts", []):
+        if mount["mountPath"] not in mounts and mount["mountPath"] != "/dev/shm":
+            mounts[mount["mountPath"]] = workdir / f"pod{index}" / mount["name"]
+    for d in mounts.values():
+        d.mkdir(parents=True, exist_ok=True)
+    return mounts
+
+
+def _base_env(workdir: Path) -> dict[str, str]:
+    """This machine's environment without its secrets, ``python`` on PATH, no GPUs, one OpenMP thread."""
+    shim = workdir / "bin"
+    shim.mkdir(parents=True, exist_ok=True)
+    for exe in ("python", "python3"):  # a script, not a symlink: a venv's python finds its venv by its own path
+        (shim / exe).write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+        (shim / exe).chmod(0o755)
+    base = {k: v for k, v in os.environ.items() if not SECRETISH.search(k)}
+    pkg_root = str(Path(__file__).resolve().parents[2])
+    base.update(PATH=f"{shim}{os.pathsep}{base.get('PATH', '')}", CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1",
+                PYTHONPATH=os.pathsep.join(filter(None, [pkg_root, base.get("PYTHONPATH")])))
+    return base
+
+
+def _env_value(e: dict, job: _Job, index: int, pod_env: dict[str, str]) -> str | None:
+    """The value Kubernetes would give the variable ``e`` (``None``: an optional Secret that is not there)."""
+    source = e.get("valueFrom", {})
+    if "value" in e:
+        return _expand(e["value"], pod_env)
+    if "fieldRef" in source:
+        return _field_ref(source["fieldRef"]["fieldPath"], job.name, job.namespace, index)
+    if "secretKeyRef" in source:
+        ref = source["secretKeyRef"]
+        if (ref["name"], ref["key"]) in job.secrets:
+            return job.secrets[(ref["name"], ref["key"])]
+        if ref.get("optional"):
+            return None
+        raise ValueError(f"env {e['name']} needs Secret {ref['name']}/{ref['key']}: "
+                         f"pass secrets={{('{ref['name']}', '{ref['key']}'): …}}")
+    if "configMapKeyRef" in source:
+        ref = source["configMapKeyRef"]
+        return job.configmaps.get(ref["name"], {}).get(ref["key"], "")
+    if "resourceFieldRef" in source:
+        kind, _, rname = source["resourceFieldRef"]["resource"].partition(".")
+        return str(job.container.get("resources", {}).get(kind, {}).get(rname, ""))
+    raise ValueError(f"env {e.get('name')}: unsupported valueFrom {list(source)}")
+
+
+def _local_value(name: str, value: str, job: _Job, mounts: dict[str, Path]) -> str:
+    """One variable's value on this machine: a Service port, the GPU count, a pod's DNS name or a path
+    under a volume mount is replaced as a whole; anything else is kept."""
+    if name.endswith("PORT") and value.isdigit() and int(value) in job.ports:
+        return str(job.ports[int(value)])
+    if name == "NPROC_PER_NODE" and value == str(job.gpus):
+        return str(job.nproc)
+    if value in job.hosts:
+        return LOOPBACK
+    local = _local_path(mounts, value)
+    return value if local is None else str(local)
+
+
+def _argv(manifests: list[dict], job: _Job, pod_env: dict[str, str], mounts: dict[str, Path]) -> list[str]:
+    """The container's command + args as written (``$(VAR)`` expanded); the script reads the rest from its
+    environment."""
+    cont = job.container
+    argv = [_expand(a, pod_env) for a in [*cont.get("command", []), *cont.get("args", [])]]
+    if not argv:
+        raise ValueError(f"Job/{job.name}: the container has neither command nor args; local_run cannot run an image's "
+                         "entrypoint alone")
+    if argv[0] in ("python", "python3"):
+        argv[0] = sys.executable
+    return argv
+
+
+def plan(manifests: list[dict], workdir: str | Path, max_procs_per_node: int = 1,
+         secrets: dict[tuple[str, str], str] | None = None, extra_env: dict[str, str] | None = None) -> LocalRun:
+    """The processes :func:`local_run` would start, with their argv and env; starts nothing."""
+    manifest = _one(manifests, "Job")
+    workdir = Path(workdir)
+    name, ns = manifest["metadata"]["name"], manifest["metadata"].get("namespace", "default")
+    jspec, pspec = manifest["spec"], manifest["spec"]["template"]["spec"]
+    if jspec.get("completionMode") != "Indexed":
+        raise ValueError(f"Job/{name}: spec.completionMode must be Indexed for local_run")
+    cont, service, nodes = pspec["containers"][0], pspec.get("subdomain", name), int(jspec["completions"])
+    configmaps = {m["metadata"]["name"]: m.get("data", {}) for m in manifests if m.get("kind") == "ConfigMap"}
+    gpus = int((cont.get("resources", {}).get("limits", {}) or {}).get("nvidia.com/gpu", 1))
+    hosts = frozenset(f"{name}-{i}.{service}{suffix}" for i in range(nodes)
+                      for suffix in ("", f".{ns}", f".{ns}.svc", f".{ns}.svc.cluster.local"))
+    job = _Job(name, ns, nodes, cont, _local_ports(manifests, service, cont), gpus, max(1, min(gpus, max_procs_per_node)),
+               configmaps, secrets or {}, hosts)
+    shared = _shared_mounts(pspec, cont, configmaps, workdir)
+    base = _base_env(workdir)
+    pods = []
+    for i in range(nodes):
+        mounts = _pod_mounts(cont, shared, workdir, i)
+        pod_env: dict[str, str] = {}
+        for e in cont.get("env", []):
+            value = _env_value(e, job, i, pod_env)
+            if value is not None:
+                pod_env[e["name"]] = _local_value(e["name"], value, job, mounts)
+        env = {**base, **pod_env}
+        env.setdefault("JOB_COMPLETION_INDEX", str(i))  # the Job controller injects it too
+        env["HOSTNAME"] = f"{name}-{i}"
+        env.update(extra_env or {})
+        pods.append(LocalPod(i, f"{name}-{i}", _argv(manifests, job, pod_env, mounts), env))
+    return LocalRun(pods, workdir, _pod_mounts(cont, shared, workdir, 0), job.ports)
+
+
+__all__ = ["LocalPod", "LocalRun", "plan"]

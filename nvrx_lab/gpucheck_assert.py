@@ -1,0 +1,89 @@
+"""Check d of :mod:`nvrx_lab.gpucheck`: a device-side assert poisons the CUDA context, with and without
+:class:`~nvrx_lab.inprocess.CudaHealthCheck`. Without it, in-process restart retries the poisoned rank until
+``max_iterations``; with it, the rank leaves after the first attempt.
+
+The worker runs under torchrun on one GPU: ``python -m torch.distributed.run --nproc-per-node 1 -m
+nvrx_lab.gpucheck_assert [--health-check]`` prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+from nvrx_lab.runner import torchrun
+
+
+def device_assert_worker(health: bool) -> int:
+    """Run under torchrun (one rank): attempt 0 triggers a device-side assert; prints one JSON line."""
+    import torch.distributed as dist
+
+    from nvrx_lab.inprocess import HealthCheckError, RestartLimitError, Wrapper, default_health_check
+    from nvrx_lab.layers import INPROCESS_NCCL_ENV
+
+    os.environ.update(INPROCESS_NCCL_ENV)
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    torch.cuda.set_device(device)
+    attempts: list[int] = []
+
+    @Wrapper(soft_timeout=20, hard_timeout=40, pg_timeout=60, max_iterations=3, barrier_timeout=60,
+             health_check=default_health_check(device) if health else None)
+    def attempt(cw) -> str:
+        attempts.append(cw.iteration)
+        cw.init_process_group("cpu:gloo,cuda:nccl", device_id=device)
+        x = torch.ones(1024, device=device)
+        dist.all_reduce(x)
+        if cw.iteration == 0:
+            x[torch.tensor([1 << 20], device=device)] = 0.0  # out of bounds: a device-side assert
+        torch.cuda.synchronize()
+        return "trained"
+
+    t0 = time.monotonic()
+    try:
+        outcome = attempt()
+    except HealthCheckError as e:
+        outcome = f"left: {str(e)[:160]}"
+    except RestartLimitError as e:
+        outcome = f"gave up: {str(e).splitlines()[0][:160]}"
+    print(json.dumps({"gpucheck_worker": "device-assert", "attempts": attempts, "outcome": outcome,
+                      "seconds": round(time.monotonic() - t0, 1)}), flush=True)
+    return 0
+
+
+def check_device_assert(timeout: float) -> tuple[bool, str, str, list[str]]:
+    """(ok, figures, problems, output lines) of the worker run without and with the health check."""
+    figures, problems, lines = [], [], []
+    for health in (False, True):
+        flags = ["--health-check"] if health else []
+        res = torchrun(1, "-m", "nvrx_lab.gpucheck_assert", *flags, timeout=timeout)
+        rows = [json.loads(ln) for ln in res.output.splitlines() if ln.startswith('{"gpucheck_worker"')]
+        label = "with CudaHealthCheck" if health else "without"
+        if not rows:
+            figures.append(f"{label}: no result (exit {res.returncode}, {res.wall_s:.0f} s)")
+            lines.append(f"--- {label}\n{res.output[-1500:].strip()}")
+            if health:
+                problems.append(f"{label}: the rank did not report")
+            continue
+        row = rows[0]
+        figures.append(f"{label}: attempts {row['attempts']}, {row['seconds']} s")
+        if health and not (row["outcome"].startswith("left") and row["attempts"] == [0]):
+            problems.append(f"{label}: expected to leave after attempt 0, got {row['outcome']}")
+        if not health and row["outcome"] == "trained":
+            problems.append(f"{label}: a poisoned context trained on?")
+        lines.append(f"{label}: {row['outcome']}")
+    return not problems, "; ".join(figures), "; ".join(problems), lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m nvrx_lab.gpucheck_assert", description=__doc__.split("\n")[0])
+    ap.add_argument("--health-check", action="store_true", help="with CudaHealthCheck")
+    return device_assert_worker(ap.parse_args(argv).health_check)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""The trainer's one extension point: :class:`Hooks`, the moments of a training attempt a layer may join.
+
+:func:`nvrx_lab.train.train` takes one ``Hooks`` object and calls it at each moment; every method does
+nothing by default, and a layer overrides the few it needs. :class:`ComposeHooks` fans one call out to
+several layers' hooks, in order — as ``Compose`` does for the in-process restart policies::
+
+    hooks = ComposeHooks(AttemptHooks(call_wrapper), MonitorHooks(), FaultHooks(injector))
+    train(cfg, ctx, events, checkpointer, hooks)
+
+The moments, in the order an attempt meets them::
+
+    start()                      the process group exists (re-entered on each in-process attempt)
+    progress()                   the attempt moved on: model built, state loaded, a step done, waiting well
+    section(name)                a context around checkpoint I/O: "checkpoint_load", "checkpoint",
+                                 "checkpoint_commit" (the per-step commit poll), "checkpoint_finalize"
+    during(phase, step)          inside that I/O: "load" once read, "save" once handed over
+    on_resume(load_s)            a checkpoint was loaded
+    before_step(step)            ...the step runs...   after_step(step), then its save if one is due
+    after_save()                 a save was handed over
+    close()                      the run is over (after the last attempt)
+
+A hook with a ``name`` keeps state in the checkpoint under that key (``state_dict``/``load_state_dict``),
+e.g. the launcher's heartbeat timeouts. The layers' hooks are built in :mod:`nvrx_lab.layers`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+
+class Hooks:
+    """Every moment of an attempt, doing nothing; subclass and override what a layer needs."""
+
+    name: str = ""
+    """Key of this hook's state in the checkpoint; empty: it keeps none."""
+
+    def start(self) -> None: ...
+    def progress(self) -> None: ...
+    def before_step(self, step: int) -> None: ...
+    def after_step(self, step: int) -> None: ...
+    def during(self, phase: str, step: int) -> None: ...
+    def after_save(self) -> None: ...
+    def on_resume(self, load_s: float) -> None: ...
+    def close(self) -> None: ...
+
+    def section(self, name: str) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def state_dict(self) -> Any:
+        return None
+
+    def load_state_dict(self, state: Any) -> None: ...
+
+
+class ComposeHooks(Hooks):
+    """Several layers' hooks as one: each call goes to every hook in order; sections nest, the first
+    outermost. ``close`` runs every hook's even when one raises (the first error is raised after)."""
+
+    def __init__(self, *hooks: Hooks | None):
+        self.hooks: list[Hooks] = []
+        for hook in hooks:
+            if isinstance(hook, ComposeHooks):
+                self.hooks.extend(hook.hooks)
+            elif hook is not None:
+                self.hooks.append(hook)
+
+    def _each(self, moment: str, *args) -> None:
+        for hook in self.hooks:
+            getattr(hook, moment)(*args)
+
+    def start(self) -> None: self._each("start")
+    def progress(self) -> None: self._each("progress")
+    def before_step(self, step: int) -> None: self._each("before_step", step)
+    def after_step(self, step: int) -> None: self._each("after_step", step)
+    def during(self, phase: str, step: int) -> None: self._each("during", phase, step)
+    def after_save(self) -> None: self._each("after_save")
+    def on_resume(self, load_s: float) -> None: self._each("on_resume", load_s)
+
+    def close(self) -> None:
+        with contextlib.ExitStack() as stack:  # unwinds in reverse, each callback runs, the first error wins
+            for hook in reversed(self.hooks):
+                stack.callback(hook.close)
+
+    @contextlib.contextmanager
+    def section(self, name: str):
+        with contextlib.ExitStack() as stack:
+            for hook in self.hooks:
+                stack.enter_context(hook.section(name))
+            yield
+
+    def state_dict(self) -> dict:
+        return {hook.name: hook.state_dict() for hook in self.hooks if hook.name}
+
+    def load_state_dict(self, state: dict) -> None:
+        for hook in self.hooks:
+            if hook.name and state.get(hook.name) is not None:
+                hook.load_state_dict(state[hook.name])

@@ -1,0 +1,128 @@
+"""A gloo training loop whose rank 1 faults: the workload of the recovery benchmark and notebook 02.
+
+::
+
+    python -m nvrx_lab.inprocess.spawn --nproc 2 -- python -m nvrx_lab.recovery_worker \\
+        --mode inprocess --kind hang --faults 2 --events /tmp/ev.jsonl
+
+Each step all-reduces a tensor and sleeps ``--step-time``. Rank 1 faults at ``--fault-step`` of
+attempts ``0 … --faults - 1``: ``exception`` raises, ``hang`` sleeps (an hour; in a plain run the
+gloo ``--timeout`` + 10 s, then it is gone), ``sigkill`` kills itself. ``--mode``:
+
+* ``plain`` — no wrapper, gloo timeout ``--timeout``; a launcher restarts it (the attempt is
+  ``TORCHELASTIC_RESTART_COUNT``, or ``NVRX_BENCH_ATTEMPT`` for a job started again from scratch);
+* ``inprocess`` — under :class:`nvrx_lab.inprocess.Wrapper` (soft timeout ``--timeout``);
+* ``nvrx`` — under NVRx's own ``inprocess.Wrapper``, as its ``examples/inprocess/basic_example.py``
+  uses it (only when ``nvidia_resiliency_ext`` is installed: ``pip install .[peers]``).
+
+Events on ``--events``: ``fault`` (attempt, step, fault_kind) just before a fault is injected and
+``step`` (attempt, step, world_size) after every step; :func:`nvrx_lab.timeline.recovery_times`
+turns them into recovery times. ``python -m nvrx_lab.bench recovery`` runs it in every mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from nvrx_lab.events import EventLog
+
+KINDS = ("exception", "hang", "sigkill")
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m nvrx_lab.recovery_worker", description=__doc__.splitlines()[0])
+    ap.add_argument("--mode", choices=["inprocess", "nvrx", "plain"], required=True)
+    ap.add_argument("--kind", choices=KINDS, required=True)
+    ap.add_argument("--faults", type=int, default=1, help="fault in attempts 0..faults-1")
+    ap.add_argument("--fault-step", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--step-time", type=float, default=0.05)
+    ap.add_argument("--timeout", type=float, default=2.0, help="soft timeout / gloo timeout (s)")
+    ap.add_argument("--events", required=True)
+    return ap.parse_args(argv)
+
+
+def inject(kind: str, plain: bool, timeout: float) -> None:
+    if kind == "exception":
+        raise RuntimeError("injected exception")
+    if kind == "hang":  # plain runs: long enough for the peer's gloo timeout, then gone
+        time.sleep(timeout + 10 if plain else 3600)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def make_loop(a: argparse.Namespace, log: EventLog, rank0: int):
+    """``loop(attempt, ping, world_size)``: the training function's body."""
+    def loop(attempt: int, ping, world_size: int) -> None:
+        for step in range(a.steps):
+            if rank0 == 1 and attempt < a.faults and step == a.fault_step:
+                log.emit("fault", attempt=attempt, step=step, fault_kind=a.kind)
+                inject(a.kind, a.mode == "plain", a.timeout)
+            t = torch.ones(4)
+            dist.all_reduce(t)
+            time.sleep(a.step_time)
+            ping()
+            log.emit("step", attempt=attempt, step=step, world_size=world_size)
+    return loop
+
+
+def run_plain(a: argparse.Namespace, loop) -> None:
+    base_attempt = int(os.environ.get("NVRX_BENCH_ATTEMPT", os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=a.timeout))
+    loop(base_attempt, lambda: None, dist.get_world_size())
+    dist.destroy_process_group()
+
+
+def run_nvrx(a: argparse.Namespace, loop) -> None:
+    import nvidia_resiliency_ext.inprocess as nvrx
+
+    @nvrx.Wrapper(store_kwargs={"port": int(os.environ["MASTER_PORT"]) + 1},
+                  soft_timeout=datetime.timedelta(seconds=a.timeout),
+                  hard_timeout=datetime.timedelta(seconds=a.timeout + 3))
+    def train(call_wrapper: nvrx.CallWrapper | None = None):
+        rank, ws = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]) + 2 + call_wrapper.iteration,
+                              ws, rank == 0, timeout=datetime.timedelta(seconds=60))
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=ws,
+                                timeout=datetime.timedelta(seconds=a.timeout))
+        loop(call_wrapper.iteration, call_wrapper.ping, ws)
+        dist.destroy_process_group()
+
+    train()
+
+
+def run_inprocess(a: argparse.Namespace, loop, log: EventLog) -> None:
+    from nvrx_lab.inprocess import Wrapper
+
+    @Wrapper(soft_timeout=a.timeout, hard_timeout=a.timeout + 3, max_iterations=a.faults + 2,
+             heartbeat_interval=0.2, heartbeat_timeout=2.0, emit=log.emit)
+    def train(cw):
+        cw.init_process_group("gloo")
+        loop(cw.iteration, cw.ping, cw.world_size)
+
+    train()
+
+
+def worker(argv: list[str]) -> int:
+    a = parse(argv)
+    rank0 = int(os.environ["RANK"])
+    log = EventLog(a.events, rank0)
+    loop = make_loop(a, log, rank0)
+    if a.mode == "plain":
+        run_plain(a, loop)
+    elif a.mode == "nvrx":
+        run_nvrx(a, loop)
+    else:
+        run_inprocess(a, loop, log)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(worker(sys.argv[1:]))
