@@ -107,7 +107,7 @@ def make_checkpointer(cfg: TrainConfig, ctx: DistContext, events: EventLog):
     from nvrx_lab.checkpoint import AsyncCheckpointer
 
     # The writer process is spawned now (async only), so its start-up overlaps building the model.
-    return AsyncCheckpointer(cfg.ckpt_dir, keep_last=cfg.ckpt_keep, write_bandwidth=cfg.ckpt_write_bandwidth or None,
+    return AsyncCheckpointer(cfg.ckpt_dir, keep_last=cfg.ckpt_keep, write_bandwidth=cfg.ckpt_write_bandwidth,
                              process_group=ctx.cpu_group, emit=events.emit, start_writer=cfg.ckpt == "async")
 
 
