@@ -4,6 +4,7 @@ wait every layer uses instead of a loop of its own."""
 
 from __future__ import annotations
 
+import random
 import socket
 import time
 from collections.abc import Callable
@@ -12,39 +13,51 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free right now on ``host`` (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """``n`` distinct free ports; for a store at ``port`` and a wrapper store at ``port + 1`` use
-    :func:`free_port_pair` instead."""
-    socks = []
+def _pick_range() -> range:
+    """Ports to pick from: outside the kernel's ephemeral range (``ip_local_port_range``). A port the
+    kernel may hand to an outgoing connection can be taken by a client that retries connecting to it
+    before its server listens: Linux then connects the client's socket to itself (a TCP self-connect;
+    the client reads its own requests back, and the server finds the port in use)."""
     try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(v) for v in f.read().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999  # Linux's default
+    return range(20000, low) if low - 20000 >= 4096 else range(high + 1, 65536)
 
 
-def free_port_pair(host: str = "127.0.0.1", tries: int = 50) -> int:
-    """A port ``p`` such that ``p`` and ``p + 1`` are both free (MASTER_PORT and the wrapper's store)."""
-    for _ in range(tries):
-        p = free_port(host)
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                s.bind((host, p + 1))
-            return p
+            s.bind((host, port))
         except OSError:
-            continue
-    raise RuntimeError(f"no two consecutive free ports on {host} after {tries} tries")
+            return False
+    return True
+
+
+def free_ports(n: int, host: str = "127.0.0.1", consecutive: bool = False, tries: int = 200) -> list[int]:
+    """``n`` distinct TCP ports free right now on ``host`` and never handed out as ephemeral ports;
+    ``consecutive``: ``p, p + 1, ...`` (a store at ``p`` and the wrapper's store at ``p + 1``)."""
+    pool, rng = _pick_range(), random.SystemRandom()
+    for _ in range(tries):
+        if consecutive:
+            start = rng.randrange(pool.start, pool.stop - n)
+            ports = list(range(start, start + n))
+        else:
+            ports = rng.sample(pool, n)
+        if all(_bindable(host, p) for p in ports):
+            return ports
+    raise RuntimeError(f"no {n} free ports on {host} in {pool.start}..{pool.stop - 1} after {tries} tries")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free right now on ``host`` (see :func:`free_ports`)."""
+    return free_ports(1, host)[0]
+
+
+def free_port_pair(host: str = "127.0.0.1") -> int:
+    """A port ``p`` such that ``p`` and ``p + 1`` are both free (MASTER_PORT and the wrapper's store)."""
+    return free_ports(2, host, consecutive=True)[0]
 
 
 def listen(host: str, port: int = 0, backlog: int = 512) -> socket.socket:

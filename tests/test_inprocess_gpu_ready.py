@@ -122,6 +122,32 @@ def test_detach_exception_keeps_the_message_and_drops_every_frame():
     assert refs[0]() is None
 
 
+PARTIAL_INIT = """
+import datetime, torch.distributed as dist
+from torch.distributed.distributed_c10d import _get_default_group, _world
+from nvrx_lab.inprocess import teardown
+try:  # rank 1 never comes: the init fails after it named the group
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=2,
+                            timeout=datetime.timedelta(seconds=0.5))
+except Exception as e:
+    print("init failed:", type(e).__name__)
+assert not dist.is_initialized() and _world.group_count == 1, _world.group_count
+teardown.destroy_group()
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+print("next group:", _get_default_group().group_name)
+teardown.destroy_group()
+"""
+
+
+@pytest.mark.timeout(60)
+def test_an_interrupted_init_leaves_no_name_behind():
+    """An init ended by an abort advanced torch's group-name counter; the next attempt's group must
+    be named as on the peers ("0"), or the two wait forever on different store keys."""
+    proc = subprocess.run([sys.executable, "-c", PARTIAL_INIT], capture_output=True, text=True, cwd=ROOT,
+                          timeout=50)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "init failed:" in proc.stdout and "next group: 0" in proc.stdout, proc.stdout
+
 # -- item 2: NCCL timeout vs hard timeout ----------------------------------------------------------
 def test_nccl_group_timeout_must_exceed_the_hard_timeout():
     assert Wrapper(soft_timeout=30, hard_timeout=60).nccl_min_timeout == 60

@@ -32,9 +32,37 @@ import torch.distributed as dist
 
 
 def destroy_group() -> None:
-    """Destroy the default group (and every other group) if one exists."""
-    if dist.is_available() and dist.is_initialized():
+    """Destroy the default group (and every other group) if one exists; otherwise forget what an
+    interrupted ``init_process_group`` left behind (:func:`forget_partial_group`)."""
+    if not dist.is_available():
+        return
+    if dist.is_initialized():
         dist.destroy_process_group()
+    else:
+        forget_partial_group()
+
+
+def forget_partial_group() -> None:
+    """Reset torch's group registry as ``destroy_process_group`` would, without a default group.
+
+    ``init_process_group`` names the default group from a counter it advances first
+    (``_world.group_count``); only destroying the default group resets it. An abort that ends
+    the init before the default group is set (a peer failed meanwhile) leaves the counter at 1 on
+    this rank: its next group is named "1" while the peers' is "0", they wait on different
+    store keys, and every later attempt hangs until the soft timeout. Groups registered without
+    a default are shut down."""
+    c10d = dist.distributed_c10d
+    world = c10d._world
+    for pg in list(world.pg_map):
+        try:
+            pg.shutdown()
+        except Exception:
+            pass
+    for registry in (world.pg_map, world.pg_names, world.pg_group_ranks, world.pg_backend_config,
+                     world.pg_to_tag, world.tags_to_pg, world.pg_coalesce_state):
+        registry.clear()
+    c10d._unregister_all_process_groups()
+    world.group_count = 0
 
 
 def detach_exception(exc: BaseException | None) -> BaseException | None:
