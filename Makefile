@@ -8,7 +8,7 @@ NOTEBOOKS ?= $(sort $(wildcard notebooks/*.ipynb))
 BUILD     ?= build
 NBVAL     := --nbval-lax --nbval-current-env --nbval-cell-timeout=300 -p no:cacheprovider
 
-.PHONY: setup workbook test lab clean
+.PHONY: setup workbook test test-slow lab clean
 
 setup: $(STAMP)
 
@@ -50,7 +50,11 @@ workbook: $(STAMP)
 
 # The whole suite: unit and multi-process tests, then every notebook under nbval.
 test: $(STAMP)
-	NVRX_LAB_SMOKE=1 $(PY) -m pytest tests notebooks $(NBVAL) -q
+	NVRX_LAB_SMOKE=1 $(PY) -m pytest tests notebooks $(NBVAL) -q -m "not slow"
+
+# The long end-to-end runs (a node lost under the launcher, a straggler under load and its restart).
+test-slow: $(STAMP)
+	NVRX_LAB_SMOKE=1 $(PY) -m pytest tests -q -m slow
 
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks/

@@ -66,15 +66,17 @@ def run_inprocess(cfg: TrainConfig, events: EventLog, hooks: Hooks, body: Body) 
     come from the wrapper too, since they change when a rank is lost. On GPUs one group serves both
     devices (``cpu:gloo,cuda:nccl``), so the abort reaches the CPU-side collectives as well. The
     checkpointer outlives attempts: one writer process, rebound to each new group."""
-    from nvrx_lab.inprocess import CallWrapper, Wrapper, default_health_check
+    from nvrx_lab.inprocess import CallWrapper, Compose, Wrapper, default_health_check
 
     _, _, local_rank = env_rank()
     device = pick_device(cfg.device, local_rank)
     persistent: dict = {}
+    # a poisoned CUDA context leaves instead of retrying; so does a persistent straggler (--straggler-action restart)
+    checks = [c for c in (default_health_check(device), *layers.health_checks(hooks)) if c is not None]
 
     @Wrapper(soft_timeout=cfg.soft_timeout, hard_timeout=cfg.hard_timeout, max_iterations=cfg.max_iterations,
              min_world_size=cfg.min_world_size, pg_timeout=cfg.pg_timeout, emit=events.emit,
-             health_check=default_health_check(device))  # a poisoned CUDA context leaves instead of retrying
+             health_check=Compose(*checks) if checks else None)
     def attempt(cw: CallWrapper) -> dict:
         if device.type == "cuda":
             cw.init_process_group(backend="cpu:gloo,cuda:nccl", device_id=device)

@@ -69,7 +69,16 @@ class TrainConfig(ModelConfig):
     """In-process restart: fewest ranks to go on with after a rank is lost."""
     faults: str = ""
     """Deterministic faults RANK:STEP:KIND[:PHASE],... (kinds: exception, hang, sigkill, oom; phases: step, save,
-    load); each fires once."""
+    load) or RANK:STEP:slow:FACTOR (the rank computes FACTOR times slower from then on); each fires once."""
+    straggler_interval: int = 0
+    """Straggler detection: every N steps the ranks exchange their compute times and score each other
+    (nvrx_lab.straggler); 0 = off."""
+    straggler_threshold: float = 0.75
+    """Straggler detection: a rank whose speed relative to the fastest rank (1.0 = fastest) is below this is
+    reported; in (0, 1]."""
+    straggler_action: Literal["report", "restart"] = "report"
+    """Straggler detection: report (an event and a console line), or restart (a rank reported twice in a row
+    leaves the job at an in-process restart; needs --restart inprocess)."""
 
 
 def model_config(cfg: TrainConfig) -> ModelConfig:
@@ -83,3 +92,19 @@ def check_config(cfg: TrainConfig, world_size: int) -> None:
         raise ValueError(f"--global-batch {cfg.global_batch} does not divide by the world size {world_size}")
     if cfg.dim % cfg.n_heads or (cfg.dim // cfg.n_heads) % 2:
         raise ValueError(f"--dim {cfg.dim} / --n-heads {cfg.n_heads} must give an even head size")
+    check_straggler(cfg)
+
+
+def check_straggler(cfg: TrainConfig) -> None:
+    if cfg.straggler_interval < 0:
+        raise ValueError(f"--straggler-interval {cfg.straggler_interval} must be >= 0 steps (0 = off)")
+    if not 0.0 < cfg.straggler_threshold <= 1.0:
+        raise ValueError(f"--straggler-threshold {cfg.straggler_threshold} must be in (0, 1] (a rank's speed "
+                         "relative to the fastest rank's, below which it is reported)")
+    if cfg.straggler_action not in ("report", "restart"):
+        raise ValueError(f"--straggler-action {cfg.straggler_action!r} must be report or restart")
+    if cfg.straggler_action == "restart" and not cfg.restart.endswith("inprocess"):
+        raise ValueError(f"--straggler-action restart needs --restart inprocess or launcher+inprocess (got --restart "
+                         f"{cfg.restart}): the straggler leaves at an in-process restart")
+    if cfg.straggler_action == "restart" and not cfg.straggler_interval:
+        raise ValueError("--straggler-action restart needs --straggler-interval N > 0 (detection is off)")

@@ -3,7 +3,7 @@
 The one fault grammar of ``nvrx_lab``: the trainer's ``--faults``, :class:`~nvrx_lab.eks.spec.JobSpec`'s
 ``faults``, the benchmarks and both demo workers parse their schedules here. A schedule is
 comma-separated entries ``RANK[:ATTEMPTS]:STEP:KIND[:PHASE]``, e.g. ``1:5:exception,1:12:sigkill``,
-or generated from a seed with :func:`make_schedule`:
+or ``RANK:STEP:slow:FACTOR``, or generated from a seed with :func:`make_schedule`:
 
 * ``RANK``     — the (initial) rank that injects it;
 * ``ATTEMPTS`` — restart attempts in which it fires: ``N``, ``A-B`` or ``*`` (every attempt, the default).
@@ -11,7 +11,9 @@ or generated from a seed with :func:`make_schedule`:
   fires each fault once instead, remembered across restarts;
 * ``STEP``     — the step it fires at;
 * ``KIND``     — what happens (below); a demo worker adds kinds of its own (see its docstring);
-* ``PHASE``    — where in that step (below; the trainer only).
+* ``PHASE``    — where in that step (below; the trainer only);
+* ``FACTOR``   — kind ``slow`` only, in the place of ``PHASE``: how many times slower, a number > 1
+  (``1:20:slow:1.5``); a slow fault always fires before its step.
 
 Kinds of the trainer (:class:`FaultInjector`):
 
@@ -19,6 +21,8 @@ Kinds of the trainer (:class:`FaultInjector`):
 * ``hang``      — sleep far past any timeout (a rank stuck in Python-level blocking code)
 * ``sigkill``   — ``SIGKILL`` to the own process (a crash that takes the interpreter)
 * ``oom``       — allocate, then raise ``MemoryError`` (a stand-in for an out-of-memory error)
+* ``slow``      — the rank computes ``FACTOR``× slower from that step on (:mod:`nvrx_lab.slowdown`):
+  a straggler, alive and slow, which only :mod:`nvrx_lab.straggler` notices
 
 Phases, where the fault fires:
 
@@ -43,7 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-KINDS = ("exception", "hang", "sigkill", "oom")
+KINDS = ("exception", "hang", "sigkill", "oom", "slow")
 PHASES = ("step", "save", "load")
 
 
@@ -69,11 +73,14 @@ class Fault:
     phase: str = "step"
     attempts: range | None = None
     """Restart attempts in which the fault fires; ``None``: every attempt."""
+    factor: float = 0.0
+    """Kind ``slow``: how many times slower the rank computes (> 1)."""
 
     @property
     def id(self) -> str:
         attempts = "" if self.attempts is None else f"{_attempts_text(self.attempts)}:"
-        return f"{self.rank}:{attempts}{self.step}:{self.kind}" + (f":{self.phase}" if self.phase != "step" else "")
+        tail = f":{self.factor:g}" if self.factor else (f":{self.phase}" if self.phase != "step" else "")
+        return f"{self.rank}:{attempts}{self.step}:{self.kind}{tail}"
 
     def fires_in(self, attempt: int) -> bool:
         return self.attempts is None or attempt in self.attempts
@@ -93,12 +100,27 @@ def _attempts(text: str | None, entry: str) -> range | None:
     return range(int(first), int(last or first) + 1)
 
 
+def _factor(text: str | None, entry: str) -> float:
+    """FACTOR of a ``slow`` entry: a number > 1."""
+    try:
+        factor = float(text) if text is not None else 0.0
+    except ValueError:
+        factor = 0.0
+    if not 1.0 < factor < float("inf"):
+        raise ValueError(f"--faults entry {entry!r}: kind slow needs FACTOR, a number > 1, as RANK:STEP:slow:FACTOR, "
+                         f"e.g. 1:20:slow:1.5 (got {text!r})")
+    return factor
+
+
 def parse_schedule(spec: str, kinds: tuple[str, ...] = KINDS, phases: tuple[str, ...] = PHASES,
-                   with_attempts: bool = False) -> list[Fault]:
+                   with_attempts: bool = False, factor_kinds: tuple[str, ...] | None = None) -> list[Fault]:
     """``"1:5:exception,0:9:hang:load"`` → faults; a clear ``ValueError`` names the bad entry.
 
     A caller says what it can inject: its ``kinds``, its ``phases``, and whether it knows its restart
-    attempt (``with_attempts``); the defaults are the trainer's."""
+    attempt (``with_attempts``), and which kinds take a FACTOR as their last field (``factor_kinds``;
+    default: ``slow`` with the trainer's kinds, none with a demo worker's own, whose ``slow`` is a pause);
+    the defaults are the trainer's."""
+    factor_kinds = ("slow",) if factor_kinds is None and kinds == KINDS else (factor_kinds or ())
     form = ("RANK[:ATTEMPTS]" if with_attempts else "RANK") + ":STEP:KIND" + ("[:PHASE]" if len(phases) > 1 else "")
     faults = []
     for entry in filter(None, (e.strip() for e in spec.split(","))):
@@ -107,6 +129,8 @@ def parse_schedule(spec: str, kinds: tuple[str, ...] = KINDS, phases: tuple[str,
             numbers = "RANK and STEP non-negative integers" + (", ATTEMPTS N, A-B or *" if with_attempts else "")
             raise ValueError(f"--faults entry {entry!r}: expected {form}, {numbers}, e.g. 1:5:{kinds[0]}")
         kind, phase = m["kind"], m["phase"] or "step"
+        factor = _factor(m["phase"], entry) if kind in factor_kinds else 0.0
+        phase = "step" if factor else phase
         if m["attempts"] is not None and not with_attempts:
             raise ValueError(f"--faults entry {entry!r}: expected {form}; ATTEMPTS ({m['attempts']!r}) is for the "
                              "demo workers: here each fault fires once, remembered across restarts")
@@ -114,7 +138,7 @@ def parse_schedule(spec: str, kinds: tuple[str, ...] = KINDS, phases: tuple[str,
             raise ValueError(f"--faults entry {entry!r}: kind {kind!r} is not one of {', '.join(kinds)}")
         if phase not in phases:
             raise ValueError(f"--faults entry {entry!r}: phase {phase!r} is not one of {', '.join(phases)}")
-        faults.append(Fault(int(m["rank"]), int(m["step"]), kind, phase, _attempts(m["attempts"], entry)))
+        faults.append(Fault(int(m["rank"]), int(m["step"]), kind, phase, _attempts(m["attempts"], entry), factor))
     return faults
 
 
@@ -175,7 +199,8 @@ class FaultInjector:
             return
         self._record(fault)
         if self.emit:
-            self.emit("fault", step=step, fault=fault.kind, target=fault.rank, phase=phase)
+            self.emit("fault", step=step, fault=fault.kind, target=fault.rank, phase=phase,
+                      **({"factor": fault.factor} if fault.kind == "slow" else {}))
         where = f"step {step}" if phase == "step" else f"the {phase} of step {step}"
         print(f"[rank {self.rank}] FAULT injected: {fault.kind} in {where} ({fault.id})", file=sys.stderr, flush=True)
         if fault.kind == "exception":
@@ -184,6 +209,10 @@ class FaultInjector:
             time.sleep(self.hang_s)
         elif fault.kind == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
+        elif fault.kind == "slow":
+            from nvrx_lab.slowdown import slow_down
+
+            slow_down(fault.factor)
         elif fault.kind == "oom":
             hog = bytearray(self.oom_bytes)  # touch real memory before failing, as an allocator would
             del hog

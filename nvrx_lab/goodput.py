@@ -3,7 +3,8 @@
 Reads only what the trainer and the layers wrote (:mod:`nvrx_lab.events`):
 
 * ``step`` (rank 0: step, loss, step_time) — training progress
-* ``fault`` (the target rank: step, fault) — an injected fault
+* ``fault`` (the target rank: step, fault) — an injected fault; a ``slow`` one is no failure (nothing
+  recovers from it) and is counted as time lost instead
 * ``ckpt_commit`` (step) — a checkpoint became durable
 * ``restart`` (in-process: cause), ``launcher_failure`` (launcher: reason, detail), ``pod_restart``
   (the Kubernetes-style baseline: reason) — a recovery and why
@@ -18,6 +19,8 @@ Definitions (the write-up's, made exact):
 * **recovery time** of a fault = from the fault to the start of the next completed step
 * **rollback** = steps completed before the fault that had to be redone
 * **freshness** = fault step − newest committed checkpoint step at the moment of the fault
+* **time lost to a slow rank** = over the steps after the first ``slow`` fault, the step time beyond
+  the ideal; with a slow fault the ideal step time is the median of the steps before it
 """
 
 from __future__ import annotations
@@ -52,6 +55,8 @@ class GoodputReport:
     infrastructure_goodput: float
     faults: list[FaultRecord] = field(default_factory=list)
     causes: dict[str, int] = field(default_factory=dict)
+    slow_lost_s: float = 0.0
+    """Seconds lost to a slow rank (the steps after a ``slow`` fault, beyond the ideal step time)."""
 
     @property
     def recoveries(self) -> list[float]:
@@ -69,7 +74,7 @@ class GoodputReport:
                 "recovery_median_s": stats["median"], "recovery_p95_s": stats["p95"], "recovery_max_s": stats["max"],
                 "training_goodput": self.training_goodput, "infra_goodput": self.infrastructure_goodput,
                 "rollback_steps": sum(f.rollback_steps for f in self.faults), "wall_s": self.wall_s,
-                "steps": self.final_step}
+                "steps": self.final_step, "slow_lost_s": self.slow_lost_s}
 
 
 def analyze(events: list[dict], ideal_step_s: float | None = None, t_start: float | None = None,
@@ -84,12 +89,17 @@ def analyze(events: list[dict], ideal_step_s: float | None = None, t_start: floa
     t0 = events[0]["t"] if t_start is None else t_start
     t1 = events[-1]["t"] if t_end is None else t_end
     wall = max(t1 - t0, 1e-9)
+    slow = [e for e in events if e["kind"] == "fault" and e.get("fault") == "slow"]
+    before_slow = [e["step_time"] for e in steps if slow and e["t"] < slow[0]["t"]]
+    if ideal_step_s is None and len(before_slow) >= 3:
+        ideal_step_s = statistics.median(before_slow)
     ideal = ideal_step_s if ideal_step_s is not None else (statistics.median(e["step_time"] for e in steps) if steps else 0.0)
+    slow_lost = sum(max(0.0, e["step_time"] - ideal) for e in steps if slow and e["t"] > slow[0]["t"])
     final_step = max((e["step"] for e in steps), default=0)
     startup = (steps[0]["t"] - steps[0]["step_time"] - t0) if steps else wall
     commits = [e for e in events if e["kind"] == "ckpt_commit"]
     faults = []
-    for f in (e for e in events if e["kind"] == "fault"):
+    for f in (e for e in events if e["kind"] == "fault" and e.get("fault") != "slow"):
         before = [s for s in steps if s["t"] <= f["t"]]
         after = [s for s in steps if s["t"] > f["t"]]
         done = before[-1]["step"] if before else 0
@@ -106,7 +116,7 @@ def analyze(events: list[dict], ideal_step_s: float | None = None, t_start: floa
     return GoodputReport(wall_s=wall, final_step=final_step, ideal_step_s=ideal, startup_s=startup,
                          training_goodput=final_step * ideal / wall,
                          infrastructure_goodput=max(0.0, 1.0 - downtime / wall),
-                         faults=faults, causes=dict(causes))
+                         faults=faults, causes=dict(causes), slow_lost_s=slow_lost)
 
 
 def format_report(report: GoodputReport, title: str = "") -> str:
@@ -122,6 +132,8 @@ def format_report(report: GoodputReport, title: str = "") -> str:
         fresh = f"{f.freshness_steps} steps" if f.freshness_steps is not None else "no checkpoint"
         lines.append(f"  step {f.step:5d} rank {f.rank} {f.kind:9s} recovery {rec:>8s}  rollback {f.rollback_steps} steps  "
                      f"checkpoint age {fresh}")
+    if report.slow_lost_s:
+        lines.append(f"time lost to a slow rank {report.slow_lost_s:.1f} s")
     if report.causes:
         lines.append("restart causes: " + ", ".join(f"{k} × {v}" for k, v in sorted(report.causes.items())))
     return "\n".join(lines)

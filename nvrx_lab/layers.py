@@ -7,6 +7,8 @@
   and sections
 * ``--restart inprocess`` → :func:`nvrx_lab.attempts.run_inprocess`, the attempt inside
   :class:`nvrx_lab.inprocess.Wrapper`
+* ``--straggler-interval N`` → :class:`nvrx_lab.straggler.StragglerHooks` (its ``health_check`` joins the
+  wrapper's, :func:`health_checks`)
 
 :func:`check_flags` refuses what cannot work before any process group or file is touched;
 :func:`make_hooks` gives the trainer its one :class:`~nvrx_lab.hooks.Hooks` object.
@@ -204,7 +206,25 @@ def make_hooks(cfg: TrainConfig, rank: int, events: EventLog) -> Hooks:
     faults = parse_schedule(cfg.faults)
     injector = FaultInjector(faults, rank, state_file=fault_state_file(cfg), emit=events.emit) if faults else None
     return ComposeHooks(LauncherHooks() if cfg.restart.startswith("launcher") else None,
+                        make_straggler_hooks(cfg, events),  # its timer, installed at start, wraps a slow fault
                         FaultHooks(injector) if injector else None)
+
+
+def make_straggler_hooks(cfg: TrainConfig, events: EventLog) -> Hooks | None:
+    if not cfg.straggler_interval:
+        return None
+    import torch
+
+    from nvrx_lab.straggler import StragglerHooks
+
+    return StragglerHooks(cfg.straggler_interval, cfg.straggler_threshold, cfg.straggler_action, emit=events.emit,
+                          device=torch.device("cuda") if uses_cuda(cfg) else None)
+
+
+def health_checks(hooks: Hooks) -> list:
+    """The health checks the layers' hooks bring to the in-process wrapper (a straggler's, for one)."""
+    found = hooks.hooks if isinstance(hooks, ComposeHooks) else [hooks]
+    return [h.health_check for h in found if callable(getattr(h, "health_check", None))]
 
 
 def launcher_restart_count() -> int:

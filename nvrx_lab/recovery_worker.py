@@ -46,6 +46,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--step-time", type=float, default=0.05)
     ap.add_argument("--timeout", type=float, default=2.0, help="soft timeout / gloo timeout (s)")
+    ap.add_argument("--hard-timeout", type=float, default=None, help="in-process hard timeout (s; default --timeout + 3)")
+    ap.add_argument("--heartbeat-timeout", type=float, default=2.0, help="in-process: a silent peer is dead after (s)")
     ap.add_argument("--events", required=True)
     return ap.parse_args(argv)
 
@@ -85,7 +87,7 @@ def run_nvrx(a: argparse.Namespace, loop) -> None:
 
     @nvrx.Wrapper(store_kwargs={"port": int(os.environ["MASTER_PORT"]) + 1},
                   soft_timeout=datetime.timedelta(seconds=a.timeout),
-                  hard_timeout=datetime.timedelta(seconds=a.timeout + 3))
+                  hard_timeout=datetime.timedelta(seconds=a.hard_timeout or a.timeout + 3))
     def train(call_wrapper: nvrx.CallWrapper | None = None):
         rank, ws = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]) + 2 + call_wrapper.iteration,
@@ -101,8 +103,8 @@ def run_nvrx(a: argparse.Namespace, loop) -> None:
 def run_inprocess(a: argparse.Namespace, loop, log: EventLog) -> None:
     from nvrx_lab.inprocess import Wrapper
 
-    @Wrapper(soft_timeout=a.timeout, hard_timeout=a.timeout + 3, max_iterations=a.faults + 2,
-             heartbeat_interval=0.2, heartbeat_timeout=2.0, emit=log.emit)
+    @Wrapper(soft_timeout=a.timeout, hard_timeout=a.hard_timeout or a.timeout + 3, max_iterations=a.faults + 2,
+             heartbeat_interval=0.2, heartbeat_timeout=a.heartbeat_timeout, emit=log.emit)
     def train(cw):
         cw.init_process_group("gloo")
         loop(cw.iteration, cw.ping, cw.world_size)

@@ -19,7 +19,9 @@ How it works, one module a mechanism:
 * :mod:`.staging` — a consistent snapshot: copies into reused shared-memory (pinned on GPUs) slots;
 * :mod:`.writer` — one persistent spawned writer process per rank; :mod:`.shards` — DCP's file
   writer on the staged copy, with :mod:`.throttle` (bandwidth cap, on-the-fly CRC32);
-* :mod:`.commit` — temporary folder, per-rank done markers, atomic rename by rank 0, retention;
+* :mod:`.completion` — the completion board: each rank posts its outcome on the process group's
+  store, rank 0 counts the posts (no filesystem polling);
+* :mod:`.commit` — temporary folder, atomic rename by rank 0, retention;
 * :mod:`.integrity` — checksums, verification, a reader that never unpickles code; :mod:`.loading` —
   the newest step that verifies, fallback past corrupt ones, ``dcp.load`` of it;
 * :mod:`.errors` — what ``finalize_async_save`` and ``load`` raise; :mod:`.checkpointer` — the API,
@@ -28,8 +30,9 @@ How it works, one module a mechanism:
 How DCP's collectives are split. ``dcp.save`` gathers plans, writes, then gathers write results for
 the coordinator's ``.metadata``. Here the trainer runs the planning collectively inside
 ``async_save`` (cheap: shapes, no data; :mod:`.planning`), each rank's writer process writes its own
-shards from the staged copy and leaves its write results in a file (:mod:`.writer`), and rank 0
-merges them into ``.metadata`` at commit (:mod:`.commit`). No collective runs in the background,
+shards from the staged copy and hands its write results to its trainer, which posts them on the
+store (:mod:`.writer`, :mod:`.completion`), and rank 0 merges them into ``.metadata`` at commit
+(:mod:`.commit`). No collective runs in the background,
 and no rank gathers another's tensors.
 
 A checkpoint folder ``step_XXXXXXXX`` is a plain DCP checkpoint: ``dcp.load(sd, checkpoint_id=folder)``

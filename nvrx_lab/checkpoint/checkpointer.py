@@ -3,8 +3,9 @@
 Timeline of one ``async_save(state, step=s)`` on every rank::
 
     trainer  | wait for the writer's previous save | plan (collective, cheap) | stage (copy) | return
-    writer   |                                      ...write shards, fsync, done marker...
-    rank 0   | finalize_async_save(): all done markers? -> .metadata, manifest, rename (commit)
+    writer   |                                      ...write shards, fsync, answer (files, results)...
+    reader   |                                      post the answer on the completion board (the store)
+    rank 0   | finalize_async_save(): every rank posted? (1 store op) -> .metadata, manifest, rename
 
 **A save asked while one is in flight waits** for this rank's writer to finish the previous one (the
 staging buffer is reused, so memory stays at one copy of the state), then proceeds; the wait is
@@ -13,7 +14,8 @@ time, so there are never two writers on one step; saving a step that is in fligh
 
 Collectives: ``async_save``, ``save``, ``latest_step`` and ``load`` are collective over the CPU group
 when ``torch.distributed`` is initialised (call them on every rank); ``finalize_async_save`` is not —
-it only polls the local writer and, on rank 0, the markers in the directory. Its errors are raised
+it only polls the local writer and, on rank 0, the completion board (:mod:`.completion`: one store
+operation while a save is pending, none otherwise, never the filesystem). Its errors are raised
 where they are seen (the failing rank, and rank 0 for any rank), so a trainer may catch
 :class:`CheckpointError`, log it and go on: the previous committed checkpoint stays the latest.
 Introduced step by step in ``notebooks/01_async_checkpointing.ipynb``.
@@ -25,12 +27,14 @@ import logging
 import shutil
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch.distributed as dist
 
 from . import commit as cm
 from . import loading
+from .completion import LocalBoard, error_entry, group_board, outcome_entry
 from .config import CheckpointerConfig
 from .errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError, CheckpointWriterDied
 from .planning import all_gather, broadcast, local_tensors, plan_save
@@ -56,7 +60,7 @@ class AsyncCheckpointer:
         self.config.write_bandwidth = check_bandwidth(write_bandwidth, "write_bandwidth")
         self.retention = cm.KeepLast(keep_last)
         self.emit = emit or (lambda kind, **fields: None)
-        self.group, self.rank, self.world = None, 0, 1
+        self.group, self.rank, self.world, self._board = None, 0, 1, LocalBoard()
         if dist.is_available() and dist.is_initialized():
             self._bind(process_group)
         self._buffer = StagingBuffer(tag=f"r{self.rank}")
@@ -95,24 +99,25 @@ class AsyncCheckpointer:
         """Stage ``state_dict`` and hand it to the writer; returns once training may mutate the state."""
         self._check_step(step)
         t0 = time.monotonic()
+        if self._in_flight and (unsent := self._writer.take_unsent()) is not None:
+            self._supersede(unsent, step)  # the writer is still starting (after a restart too): never wait for it
         if self._in_flight and self._in_flight["step"] == step:
             raise ValueError(f"step {step} is already being written to {self._in_flight['tmp']}")
-        if self._in_flight and (unsent := self._writer.take_unsent()) is not None:
-            self._supersede(unsent, step)  # the writer is still starting: never wait for it
         self._collect(self._writer.poll(timeout=1e9) if self._in_flight else None)
         wait_s = time.monotonic() - t0
         if self.rank == 0:
             self._commit_ready(blocking=False)
         if self._writer is None or not self._writer.alive():
             self._new_writer()
-        planned = plan_save(state_dict, self.rank, self.world, self.group)
+        planned = plan_save(state_dict, self.rank, self.world, self.group, partial(cm.make_tmp, self.root, step))
         slots = self._buffer.stage(planned.tensors)
-        tmp = cm.tmp_dir(self.root, step, planned.save_id)
-        self._writer.submit({"step": step, "tmp": str(tmp), "rank": self.rank, "plan": planned.plan,
+        tmp, board, sid, rank = cm.tmp_dir(self.root, step, planned.save_id), self._board, planned.save_id, self.rank
+        self._writer.submit({"step": step, "tmp": str(tmp), "rank": rank, "plan": planned.plan, "save_id": sid,
                              "region": self._buffer.path, "tensor_items": planned.tensor_items, "slots": slots,
-                             "byte_items": planned.byte_items, "bandwidth": self.config.write_bandwidth})
+                             "byte_items": planned.byte_items, "bandwidth": self.config.write_bandwidth},
+                            on_outcome=lambda kind, info: board.post(sid, rank, outcome_entry(kind, info)))
         if self.rank == 0:
-            self._pending.append({"step": step, "tmp": tmp, "metadata": planned.metadata, "t0": t0})
+            self._pending.append({"step": step, "tmp": tmp, "metadata": planned.metadata, "t0": t0, "save_id": sid})
         self.emit("ckpt_save", step=step, mode="async", blocking_s=time.monotonic() - t0, wait_s=wait_s,
                   bytes=planned.nbytes)
 
@@ -134,17 +139,19 @@ class AsyncCheckpointer:
             self.finalize_async_save(blocking=True)  # rank reaches the collective planning below
         except CheckpointError:
             pass
-        planned = plan_save(state_dict, self.rank, self.world, self.group)
+        planned = plan_save(state_dict, self.rank, self.world, self.group, partial(cm.make_tmp, self.root, step))
         tmp = cm.tmp_dir(self.root, step, planned.save_id)
-        error = write_live(tmp, self.rank, planned, self.config.write_bandwidth, step)
-        errors = all_gather(error, self.group, self.world)
+        kind, info = write_live(tmp, self.rank, planned, self.config.write_bandwidth, step)
+        self._board.post(planned.save_id, self.rank, outcome_entry(kind, info))
+        errors = all_gather(info.get("error"), self.group, self.world)
         if any(errors):
             if self.rank == 0:
                 shutil.rmtree(tmp, ignore_errors=True)
+                self._board.forget(planned.save_id)
             raise self._report(CheckpointWriteError(f"sync save of step {step} failed: "
                                                     + "; ".join(e for e in errors if e), step=step, path=str(tmp)))
         if self.rank == 0:
-            self._pending.append({"step": step, "tmp": tmp, "metadata": planned.metadata, "t0": t0})
+            self._pending.append({"step": step, "tmp": tmp, "metadata": planned.metadata, "t0": t0, "save_id": planned.save_id})
             self._commit_ready(blocking=True)
         mine = [e for e in self._errors if e.step == step]
         self._errors = [e for e in self._errors if e.step != step]
@@ -232,7 +239,7 @@ class AsyncCheckpointer:
         if self.group is None:
             self.group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
         self.rank, self.world = dist.get_rank(self.group), dist.get_world_size(self.group)
-
+        self._board = group_board(self.group)
     @staticmethod
     def _check_step(step) -> None:
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
@@ -246,38 +253,29 @@ class AsyncCheckpointer:
 
     def _supersede(self, unsent: dict, step: int) -> None:
         """Drop a save its writer never received (it was still starting) in favour of ``step``; the
-        marker tells rank 0, whose other ranks may have written it, to drop it too."""
-        old, tmp = unsent["step"], Path(unsent["tmp"])
+        board tells rank 0, whose other ranks may have written it, to drop it too (``ckpt_skip``)."""
         reason = f"superseded by step {step}: the writer process of rank {self.rank} was still starting"
-        cm.write_rank_error(tmp, self.rank, {"step": old, "rank": self.rank, "error": reason, "superseded": True})
-        if self.rank == 0:
-            self._pending = [p for p in self._pending if p["step"] != old]
-            shutil.rmtree(tmp, ignore_errors=True)
-            self.emit("ckpt_skip", step=old, reason=reason)
-        log.info("checkpoint step %d %s", old, reason)
+        self._board.post(unsent["save_id"], self.rank, error_entry(reason, unsent["tmp"], superseded=True))
+        log.info("checkpoint step %d %s", unsent["step"], reason)
 
     def _collect(self, outcome) -> None:
+        """This rank's side of a finished write (the reader thread posted it; rank 0 drops a failed save
+        when it reads the board)."""
         if outcome is None:
             return
         self._buffer.unlink()  # the writer has mapped the region by now
         kind, step, info = outcome
-        if kind != "done" and self.rank == 0:  # drop the save: nothing to commit, its folder is debris
-            for p in [p for p in self._pending if p["step"] == step]:
-                self._pending.remove(p)
-                shutil.rmtree(p["tmp"], ignore_errors=True)
         if kind == "error":
             self._report(CheckpointWriteError(f"async save of step {step} failed on rank {self.rank}: {info['error']}",
                                               step=step, path=info.get("path"), errno=info.get("errno")))
         elif kind == "died":
             tmp = Path(info["tmp"])
-            if self.rank != 0:  # tell the coordinator, which would otherwise wait for our done marker
-                cm.write_rank_error(tmp, self.rank, {"step": step, "rank": self.rank, "error": "writer died"})
             self._report(CheckpointWriterDied(f"async save of step {step} failed: the writer process of rank "
                                               f"{self.rank} died ({info['why']}) while writing {tmp}",
                                               step=step, path=str(tmp)))
 
     def _commit_ready(self, blocking: bool) -> list[int]:
-        return cm.commit_ready(self._pending, self.root, self.world, self.retention,
+        return cm.commit_ready(self._pending, self.root, self._board, self.world, self.retention,
                                self.config.commit_timeout if blocking else 0.0, self._report, self.emit,
                                failed_steps={e.step for e in self._errors})
 

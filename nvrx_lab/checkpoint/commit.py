@@ -6,21 +6,26 @@ Layout of a checkpoint directory::
     D/step_00000030/
     D/.tmp_step_00000040_<id>/  a save in flight (or the debris of a crashed one)
 
-1. Every rank's writer writes its shards (``__{rank}_0.distcp``) into the step's temporary folder,
-   fsyncs them, then drops ``__{rank}.results.pkl`` (its DCP write results) and, last, the done
-   marker ``__{rank}.done.json`` (sizes and CRC32 of its files). A failed writer drops
-   ``__{rank}.error.json`` instead.
-2. The coordinator (rank 0) commits once all done markers are there: it merges the write results
-   into the global metadata and writes DCP's ``.metadata`` (DCP's own ``FileSystemWriter.finish``),
-   then the manifest ``nvrx_commit.json`` (every file's size and CRC32), each fsynced and renamed
-   into place, and finally renames the folder to ``step_XXXXXXXX`` and fsyncs ``D``. The folder
+1. Rank 0 creates the step's temporary folder while planning, before the plans reach the other
+   ranks (:func:`make_tmp`). Every rank's writer writes its shards (``__{rank}_0.distcp``) into it,
+   fsynced, and hands its write results and its files' sizes and CRC32 back to its trainer, which
+   posts them on the completion board (:mod:`.completion`: the process group's store), or the
+   error if the write failed. Nothing else is written per rank: no marker files.
+2. The coordinator (rank 0) counts the posts (one store operation per ``finalize_async_save``
+   while a save is pending, none otherwise, and no filesystem operation) and commits once every
+   rank posted: it merges the write results into the global metadata and writes DCP's ``.metadata``
+   (DCP's own ``FileSystemWriter.finish``), then the manifest ``nvrx_commit.json`` (every file's size
+   and CRC32), fsyncs the folder, renames it to ``step_XXXXXXXX`` and fsyncs ``D``. The folder
    rename is the atomic commit: a reader sees the whole checkpoint or none of it.
 3. Retention then deletes older committed folders (a :class:`KeepLast` policy; each is renamed to
    ``.trash_*`` first, so a kill half-way never leaves a committed folder with files missing) and
    temporary folders of steps that are no longer in flight.
 
-The markers travel through the checkpoint directory itself, so multi-node jobs need it on a shared
-filesystem (FSx for Lustre on EKS), as DCP does anyway.
+Metadata operations of one save: one ``open`` per shard file (N) and, at the coordinator, a
+constant: the folder's ``mkdir``, ``.metadata`` (open, exists, rename), the manifest (open, rename),
+two directory fsyncs, the folder's rename, one listing of ``D`` for retention (plus, when a
+checkpoint is deleted, its own files). Multi-node jobs need ``D`` on a shared filesystem (FSx for
+Lustre on EKS), as DCP does anyway.
 """
 
 from __future__ import annotations
@@ -36,8 +41,13 @@ from pathlib import Path
 
 from torch.distributed.checkpoint import FileSystemWriter
 
+from nvrx_lab.net import wait_for
+
+from .completion import Tally, write_results
 from .errors import CheckpointWriteError
-from .integrity import FORMAT, MANIFEST, file_entry, safe_pickle_load
+from .integrity import FORMAT, MANIFEST
+from .shards import MeteredFileSystem
+from .throttle import Throttle
 
 STEP_RE = re.compile(r"^step_(\d{8,})$")
 TMP_RE = re.compile(r"^\.tmp_step_(\d{8,})_([0-9a-f]+)$")
@@ -60,55 +70,22 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``path`` via ``path.part`` + fsync + rename."""
-    part = path.with_name(path.name + ".part")
-    with open(part, "wb") as f:
+def write_durable(path: Path, data: bytes) -> None:
+    """Write and fsync ``path`` in a temporary folder: no ``.part`` + rename, as the folder's own
+    rename is what makes it visible."""
+    with open(path, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(part, path)
 
 
-def write_rank_done(tmp: Path, rank: int, results_pickle: bytes, files: dict, write_s: float) -> None:
-    write_atomic(tmp / f"__{rank}.results.pkl", results_pickle)
-    info = {"rank": rank, "files": files, "bytes": sum(f["size"] for f in files.values()), "write_s": write_s}
-    fsync_dir(tmp)
-    write_atomic(tmp / f"__{rank}.done.json", json.dumps(info).encode())
-
-
-def write_rank_error(tmp: Path, rank: int, info: dict) -> bool:
-    """Best effort (the disk may be full): True if the marker was written."""
+def make_tmp(root: Path, step: int, save_id: str) -> None:
+    """Coordinator, while planning: create the save's temporary folder (and ``root``) for every rank's
+    writer. Best effort: if it fails (a read-only folder), each writer reports why when it writes."""
     try:
-        tmp.mkdir(parents=True, exist_ok=True)
-        write_atomic(tmp / f"__{rank}.error.json", json.dumps(info).encode())
-        return True
+        tmp_dir(root, step, save_id).mkdir(parents=True)
     except OSError:
-        return False
-
-
-def rank_status(tmp: Path, world: int) -> tuple[dict[int, dict], dict[int, dict]]:
-    """(done markers, error markers) found in ``tmp``, by rank."""
-    done, errors = {}, {}
-    for r in range(world):
-        for name, into in ((f"__{r}.done.json", done), (f"__{r}.error.json", errors)):
-            p = tmp / name
-            if p.exists():
-                try:
-                    into[r] = json.loads(p.read_text())
-                except (OSError, json.JSONDecodeError):
-                    pass
-    return done, errors
-
-
-def wait_for_ranks(tmp: Path, world: int, timeout: float) -> tuple[dict[int, dict], dict[int, dict]]:
-    """:func:`rank_status`, polled until every rank is done, one failed, or ``timeout`` s passed."""
-    deadline = time.monotonic() + timeout
-    while True:
-        done, errors = rank_status(tmp, world)
-        if errors or len(done) == world or time.monotonic() >= deadline:
-            return done, errors
-        time.sleep(0.02)
+        pass
 
 
 def foreign_entries(root: Path) -> list[str]:
@@ -131,22 +108,22 @@ def describe_directory(root: Path) -> str:
             f"folder with {MANIFEST} (written by AsyncCheckpointer)")
 
 
-def commit(root: Path, step: int, tmp: Path, metadata, world: int) -> dict:
-    """Coordinator: merge results, write ``.metadata`` + manifest, rename ``tmp`` to the step folder."""
-    done, _ = rank_status(tmp, world)
-    results = [safe_pickle_load(tmp / f"__{r}.results.pkl") for r in range(world)]
-    FileSystemWriter(tmp, sync_files=True).finish(metadata=metadata, results=results)
-    files = {".metadata": file_entry(tmp / ".metadata")}
+def commit(root: Path, step: int, tmp: Path, metadata, entries: dict[int, dict], world: int,
+           replace: bool = True) -> dict:
+    """Coordinator: merge the posted write results into ``.metadata``, write the manifest, rename ``tmp``
+    to the step folder (see the module docs). ``replace``: the step may be committed already."""
+    writer = FileSystemWriter(tmp, sync_files=True)
+    writer.fs = MeteredFileSystem(Throttle(None))  # size and CRC32 of .metadata as it is written
+    writer.finish(metadata=metadata, results=[write_results(entries[r]) for r in range(world)])
+    files = {".metadata": writer.fs.files.pop(".metadata.tmp")}
     for r in range(world):
-        files.update(done[r]["files"])
+        files.update(entries[r]["files"])
     manifest = {"format": FORMAT, "step": step, "world_size": world, "committed_at": time.time(),
                 "bytes": sum(f["size"] for f in files.values()), "files": files}
-    write_atomic(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
-    for r in range(world):
-        for name in (f"__{r}.results.pkl", f"__{r}.done.json"):
-            (tmp / name).unlink(missing_ok=True)
+    write_durable(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
+    fsync_dir(tmp)  # every rank's shard entry, .metadata and the manifest, before the folder is renamed
     final = step_dir(root, step)
-    trash = to_trash(final)  # re-saving a step (e.g. after a fallback from a corrupt one): swap it out
+    trash = to_trash(final) if replace else None  # re-saving a step (e.g. after a fallback from a corrupt one): swap it out
     os.rename(tmp, final)
     fsync_dir(Path(root))
     if trash is not None:
@@ -201,59 +178,97 @@ def discard(folder: Path) -> None:
         shutil.rmtree(trash, ignore_errors=True)
 
 
-def apply_retention(root: Path, policy, in_flight: set[str]) -> list[int]:
-    """Delete what ``policy`` drops (never the newest) and stale temporary folders; returns deleted steps."""
+def apply_retention(root: Path, policy, in_flight: set[str], names: list[str] | None = None) -> list[int]:
+    """Delete what ``policy`` drops (never the newest) and stale temporary folders; returns deleted steps.
+
+    ``names``: the entries of ``root``, as the commit listed them (one listing serves both; every
+    ``step_*`` folder there was renamed into place after its manifest). Without it, ``root`` is listed
+    here and a step folder counts only if it holds a manifest (:func:`committed_steps`)."""
     root = Path(root)
-    steps = committed_steps(root)
+    if names is None:
+        names, steps = os.listdir(root), committed_steps(root)
+    else:
+        steps = sorted(int(m.group(1)) for name in names if (m := STEP_RE.match(name)))
     doomed = [s for s in policy(steps) if steps and s != steps[-1]]
     for s in doomed:
         discard(step_dir(root, s))
     newest = steps[-1] if steps else -1
-    for p in root.iterdir():
-        m = TMP_RE.match(p.name)
-        if m and p.name not in in_flight and int(m.group(1)) <= newest:
-            shutil.rmtree(p, ignore_errors=True)
-        elif p.name.startswith(TRASH_PREFIX):
-            shutil.rmtree(p, ignore_errors=True)
+    for name in names:
+        m = TMP_RE.match(name)
+        if (m and name not in in_flight and int(m.group(1)) <= newest) or name.startswith(TRASH_PREFIX):
+            shutil.rmtree(root / name, ignore_errors=True)
     return doomed
 
 
-def commit_ready(pending: list[dict], root: Path, world: int, retention, timeout: float, report, emit,
-                 failed_steps: set) -> list[int]:
-    """Rank 0: commit the ``pending`` saves (oldest first) whose ranks are all done; returns their steps.
+def _tally(board, save_id: str, world: int, timeout: float) -> Tally:
+    """The board's tally of one save; ``timeout`` > 0 waits that long for every rank or a failure."""
+    settled = lambda t: t if t.failed or t.posted >= world else None  # noqa: E731
+    tally = board.tally(save_id)
+    if settled(tally) or not timeout:
+        return tally
+    try:
+        return wait_for(lambda: settled(board.tally(save_id)), timeout, f"every rank's post of save {save_id}",
+                        interval=0.02)
+    except TimeoutError:
+        return board.tally(save_id)
 
-    ``timeout`` > 0 waits that long per save (blocking finalize). A save with an error marker, or
-    still incomplete after a blocking wait, is dropped and passed to ``report`` as a
-    :class:`CheckpointWriteError` (unless its step already failed locally).
+
+def _drop(p: dict, entries: dict[int, dict], tally: Tally, world: int, timeout: float, report, emit,
+          failed_steps: set) -> None:
+    """A save that will not commit: remove its folder once no rank writes into it any more (else a
+    later commit sweeps it), and say why — unless it failed here already or was superseded."""
+    if tally.posted >= world:
+        shutil.rmtree(p["tmp"], ignore_errors=True)
+    errors = sorted(((e.get("superseded", False), r, e) for r, e in entries.items() if "error" in e),
+                    key=lambda x: x[:2])
+    if errors and errors[0][0]:  # every failed rank was superseded: a newer save took its place
+        emit("ckpt_skip", step=p["step"], reason=errors[0][2]["error"])
+        return
+    errors = [e for e in errors if e[1] != 0]  # rank 0's own failure is reported where it happens
+    if p["step"] in failed_steps or (entries.get(0, {}).get("error") and not errors):
+        return
+    if errors:
+        _, r, info = errors[0]
+        msg, path = f"save of step {p['step']} failed on rank {r}: {info['error']}", info.get("path")
+    else:
+        missing = sorted(set(range(world)) - set(entries))
+        msg, path = (f"save of step {p['step']}: only {len(entries)} of {world} ranks finished within {timeout} s "
+                     f"(missing: ranks {missing[:16]}{' ...' if len(missing) > 16 else ''})"), None
+    report(CheckpointWriteError(msg, step=p["step"], path=path or str(p["tmp"])))
+
+
+def commit_ready(pending: list[dict], root: Path, board, world: int, retention, timeout: float, report, emit,
+                 failed_steps: set) -> list[int]:
+    """Rank 0: commit the ``pending`` saves (oldest first) every rank posted on ``board``; returns their steps.
+
+    A pending save costs one store operation a call and no filesystem operation until it is complete;
+    no pending save costs nothing. ``timeout`` > 0 waits that long per save (blocking finalize). A
+    save a rank failed, or still incomplete after a blocking wait, is dropped and passed to ``report``
+    as a :class:`CheckpointWriteError` (unless its step already failed locally). Callable without a
+    process group: ``board`` and ``world`` say everything (the scale model drives it).
     """
     committed = []
     while pending:
         p = pending[0]
-        done, errors = wait_for_ranks(p["tmp"], world, timeout)
-        if not errors and len(done) < world and not timeout:
+        tally = _tally(board, p["save_id"], world, timeout)
+        if not tally.failed and tally.posted < world and not timeout:
             break  # still writing: try again at the next finalize
         pending.pop(0)
-        if errors or len(done) < world:
-            shutil.rmtree(p["tmp"], ignore_errors=True)
-            if errors and all(e.get("superseded") for e in errors.values()):  # a newer save took its place
-                emit("ckpt_skip", step=p["step"], reason=next(iter(errors.values()))["error"])
-                continue
-            if p["step"] not in failed_steps:
-                if errors:
-                    r, info = sorted(errors.items())[0]
-                    msg, path = f"save of step {p['step']} failed on rank {r}: {info.get('error')}", info.get("path")
-                else:
-                    msg, path = (f"save of step {p['step']}: only ranks {sorted(done)} of {world} finished "
-                                 f"within {timeout} s"), None
-                report(CheckpointWriteError(msg, step=p["step"], path=path or str(p["tmp"])))
+        entries = board.collect(p["save_id"]) if tally.posted else {}
+        board.forget(p["save_id"])
+        if tally.failed or tally.posted < world:
+            _drop(p, entries, tally, world, timeout, report, emit, failed_steps)
             continue
+        tmp, final = Path(p["tmp"]), step_dir(root, p["step"])
         try:
-            manifest = commit(root, p["step"], p["tmp"], p["metadata"], world)
+            names = os.listdir(root)  # one listing serves the commit and the retention
+            manifest = commit(root, p["step"], tmp, p["metadata"], entries, world, replace=final.name in names)
         except OSError as e:
             report(CheckpointWriteError(f"commit of step {p['step']} failed: {e}", step=p["step"],
-                                        path=e.filename or str(p["tmp"]), errno=e.errno))
+                                        path=e.filename or str(tmp), errno=e.errno))
             continue
         committed.append(p["step"])
         emit("ckpt_commit", step=p["step"], durable_s=time.monotonic() - p["t0"], bytes=manifest["bytes"])
-        apply_retention(root, retention, {Path(q["tmp"]).name for q in pending})
+        names = [n for n in names if n not in (tmp.name, final.name)] + [final.name]
+        apply_retention(root, retention, {Path(q["tmp"]).name for q in pending}, names)
     return committed

@@ -18,6 +18,6 @@ class CheckpointerConfig:
     verify: str = "full"
     """``latest_step``/``load`` verification: "full" (sizes + CRC32) or "size" (sizes only)."""
     commit_timeout: float = 600.0
-    """Seconds rank 0 waits in a blocking finalize for every rank's done marker."""
+    """Seconds rank 0 waits in a blocking finalize for every rank to post its outcome (:mod:`.completion`)."""
     start_writer: bool = True
     """Spawn the writer at construction (hides its ~2 s start-up); False: at the first ``async_save``."""

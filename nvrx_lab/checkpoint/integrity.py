@@ -70,6 +70,11 @@ def safe_pickle_load(path: str | os.PathLike) -> Any:
         return RestrictedUnpickler(f).load()
 
 
+def safe_pickle_loads(data: bytes) -> Any:
+    """:func:`safe_pickle_load` of bytes (write results posted on the completion board)."""
+    return RestrictedUnpickler(io.BytesIO(data)).load()
+
+
 def _chunk_crc(path: str, offset: int, length: int) -> int:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -193,5 +198,5 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             self.state_dict[read_item.dest_index.fqn] = obj
 
 
-__all__ = ["MANIFEST", "FORMAT", "RestrictedUnpickler", "safe_pickle_load", "file_entry", "verify",
+__all__ = ["MANIFEST", "FORMAT", "RestrictedUnpickler", "safe_pickle_load", "safe_pickle_loads", "file_entry", "verify",
            "read_manifest", "read_metadata", "SafeReader", "SafeLoadPlanner"]

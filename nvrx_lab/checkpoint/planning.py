@@ -14,13 +14,15 @@ the global metadata, and every rank ends up with its final local plan and the *s
   ``torch.save``, which is itself their consistent snapshot.
 
 The bytes are written later, in the writer process, from the staged copy (:mod:`.writer`), and the
-finish phase becomes the file-based commit of :mod:`.commit` — no collective after ``async_save``.
+finish phase becomes the commit of :mod:`.commit`, fed by the completion board of :mod:`.completion`
+— no collective after ``async_save``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -53,16 +55,21 @@ class PlannedSave:
         return sum(t.numel() * t.element_size() for t in self.tensors) + sum(map(len, self.byte_items.values()))
 
 
-def _gather_scatter(local: SavePlan, planner: DefaultSavePlanner, group, rank: int, world: int):
+def global_plan(planner: DefaultSavePlanner, local_plans: list[SavePlan]) -> tuple[list[SavePlan], Metadata, str]:
+    """Coordinator: DCP's global plan of every rank's local plan, one file prefix a rank, a fresh save id."""
+    plans, metadata = planner.create_global_plan(local_plans)
+    plans = [dataclasses.replace(p, storage_data=_StoragePrefix(f"__{i}_")) for i, p in enumerate(plans)]
+    return plans, metadata, uuid.uuid4().hex[:12]
+
+
+def _gather_scatter(local: SavePlan, planner: DefaultSavePlanner, group, rank: int, world: int, prepare):
     """DCP's reduce_scatter("plan"): coordinator (group rank 0) builds the global plan."""
     gathered = [None] * world if rank == 0 else None
     dist.gather_object(local, gathered, group=group, group_dst=0)
     if rank == 0:
-        plans, metadata = planner.create_global_plan(gathered)
-        plans = [dataclasses.replace(p, storage_data=_StoragePrefix(f"__{i}_")) for i, p in enumerate(plans)]
-        payload = [(p, uuid.uuid4().hex[:12]) for p in plans]
-        save_id = payload[0][1]
-        payload = [(p, save_id) for p, _ in payload]
+        plans, metadata, save_id = global_plan(planner, gathered)
+        prepare(save_id)
+        payload = [(p, save_id) for p in plans]
     else:
         payload, metadata = None, None
     out = [None]
@@ -71,17 +78,33 @@ def _gather_scatter(local: SavePlan, planner: DefaultSavePlanner, group, rank: i
     return central, metadata, save_id
 
 
-def plan_save(state_dict: dict, rank: int = 0, world: int = 1, group=None) -> PlannedSave:
-    """Plan one save of ``state_dict`` (collective over ``group`` when ``world > 1``)."""
+def plan_save(state_dict: dict, rank: int = 0, world: int = 1, group=None,
+              prepare: Callable[[str], object] = lambda save_id: None) -> PlannedSave:
+    """Plan one save of ``state_dict`` (collective over ``group`` when ``world > 1``). Rank 0 calls
+    ``prepare(save_id)`` before any other rank learns the plan (it creates the save's folder)."""
     planner = DefaultSavePlanner()
     planner.set_up_planner(state_dict=state_dict, storage_meta=None, is_coordinator=rank == 0)
     local = planner.create_local_plan()
     if world > 1:
-        central, metadata, save_id = _gather_scatter(local, planner, group, rank, world)
+        central, metadata, save_id = _gather_scatter(local, planner, group, rank, world, prepare)
     else:
-        plans, metadata = planner.create_global_plan([local])
-        central = dataclasses.replace(plans[0], storage_data=_StoragePrefix("__0_"))
-        save_id = uuid.uuid4().hex[:12]
+        (central,), metadata, save_id = global_plan(planner, [local])
+        prepare(save_id)
+    return _planned(planner, central, metadata, save_id)
+
+
+def plan_ranks(state_dicts: list[dict]) -> list[PlannedSave]:
+    """Plan one save of simulated ranks in one process, rank ``r`` holding ``state_dicts[r]``: what
+    :func:`plan_save` gives each real rank, without a process group (tests, the scale model)."""
+    planners = [DefaultSavePlanner() for _ in state_dicts]
+    for r, (planner, sd) in enumerate(zip(planners, state_dicts, strict=True)):
+        planner.set_up_planner(state_dict=sd, storage_meta=None, is_coordinator=r == 0)
+    plans, metadata, save_id = global_plan(planners[0], [p.create_local_plan() for p in planners])
+    return [_planned(p, plan, metadata if r == 0 else None, save_id)
+            for r, (p, plan) in enumerate(zip(planners, plans, strict=True))]
+
+
+def _planned(planner: DefaultSavePlanner, central: SavePlan, metadata, save_id: str) -> PlannedSave:
     final = planner.finish_plan(central)
     tensor_items, tensors, byte_items = [], [], {}
     for item in final.items:

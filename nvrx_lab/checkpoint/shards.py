@@ -7,7 +7,8 @@
 CRC32 on the fly), and the planner becomes :class:`_Resolver`, which serves each write item from a
 dict — staged shared-memory views in the writer process, live tensors in a synchronous save.
 An ``OSError`` (ENOSPC, EACCES, EFBIG) comes out as :class:`~.errors.CheckpointWriteError` naming the
-step and the file.
+step and the file. The folder is rank 0's (:func:`.commit.make_tmp`): a writer opens its one file and
+touches no other name, so a save costs the filesystem one metadata operation per rank.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from pathlib import Path
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 
-from .commit import write_rank_done
 from .errors import CheckpointError, CheckpointWriteError
 from .throttle import MeteredStream, Throttle
 
@@ -62,21 +62,22 @@ class _Resolver:
 
 def write_shards(tmp: Path, rank: int, plan, data: dict, bandwidth: float | None,
                  step: int) -> tuple[bytes, dict, float]:
-    """Write this rank's items of ``plan`` into ``tmp``; returns (pickled write results, files, seconds)."""
+    """Write this rank's items of ``plan`` into the existing folder ``tmp``; returns (pickled write results,
+    files, seconds)."""
     t0 = time.monotonic()
     fs = MeteredFileSystem(Throttle(bandwidth))
     try:
-        tmp.mkdir(parents=True, exist_ok=True)
         writer = FileSystemWriter(tmp, single_file_per_rank=True, sync_files=True, thread_count=1,
                                   per_thread_copy_ahead=0)
         writer.fs = fs
         writer.set_up_storage_writer(False, rank=rank)
         results = writer.write_data(plan, _Resolver(data)).value()
-        # the folder's entries are fsynced by commit.write_rank_done, before the done marker exists
+        # the folder's entries are fsynced by the coordinator's commit, before the folder is renamed
     except Exception as exc:
         e = fs.stream.error if fs.stream is not None and fs.stream.error is not None else exc
         if not isinstance(e, OSError):
             raise
+        e = _why_no_folder(tmp, e)
         path = e.filename or fs.current or str(tmp)
         raise CheckpointWriteError(f"step {step}: rank {rank} could not write {path}: "
                                    f"{e.strerror or e} (errno {e.errno})", step=step, path=str(path),
@@ -84,14 +85,24 @@ def write_shards(tmp: Path, rank: int, plan, data: dict, bandwidth: float | None
     return pickle.dumps(results), fs.files, time.monotonic() - t0
 
 
-def write_live(tmp: Path, rank: int, planned, bandwidth: float | None, step: int) -> str | None:
+def _why_no_folder(tmp: Path, e: OSError) -> OSError:
+    """A write into a folder that is not there: rank 0 could not create it. Try, to say why (EACCES…)."""
+    if isinstance(e, FileNotFoundError) and not tmp.exists():
+        try:
+            tmp.mkdir(parents=True, exist_ok=True)
+        except OSError as why:
+            return why
+    return e
+
+
+def write_live(tmp: Path, rank: int, planned, bandwidth: float | None, step: int) -> tuple[str, dict]:
     """The synchronous save's write: this rank's shards straight from the live tensors of ``planned``
-    (:func:`.planning.plan_save`), then its done marker. Returns the error, if any, for the other ranks."""
+    (:func:`.planning.plan_save`). Returns the outcome as the writer process does: ("done", {results,
+    files, write_s}) or ("error", {error, path})."""
     data = dict(zip((i.index for i in planned.tensor_items), planned.tensors, strict=True))
     data.update(planned.byte_items)
     try:
         results, files, write_s = write_shards(tmp, rank, planned.plan, data, bandwidth, step)
-        write_rank_done(tmp, rank, results, files, write_s)
     except (CheckpointError, OSError) as e:
-        return str(e)
-    return None
+        return "error", {"error": str(e), "path": getattr(e, "path", None) or getattr(e, "filename", None)}
+    return "done", {"results": results, "files": files, "write_s": write_s}

@@ -7,7 +7,13 @@ when the :class:`~nvrx_lab.checkpoint.AsyncCheckpointer` is created and talks to
 * request: step, temporary folder, the rank's final DCP plan, the staging region's path and the
   :class:`~.staging.Slot` of each tensor item, the serialised non-tensor values, the bandwidth cap.
   No tensor ever crosses the socket (see :mod:`.staging` for why);
-* response: ``("done", step, info)`` or ``("error", step, info)`` with the path and errno.
+* response: ``("done", step, info)`` with the rank's files (size, CRC32), pickled DCP write results
+  and seconds, or ``("error", step, info)`` with the path and errno.
+
+The trainer's reader thread posts each outcome on the completion board (:mod:`.completion`) the
+moment it arrives, through the callback given to :meth:`WriterProcess.submit`, so rank 0 learns
+of it even while this rank's training loop is busy elsewhere; a writer that dies mid-write is
+posted as a failure too.
 
 The writer is a clean interpreter that imports this module (``python -c "…writer_main(…)"``), not a
 ``multiprocessing`` child: a ``spawn`` child re-imports the trainer's ``__main__``, which runs a script
@@ -16,7 +22,7 @@ without an ``if __name__ == "__main__":`` guard all over again. Until the writer
 staging never waits for the writer to be up; a newer save replaces a request not sent yet.
 
 The writer maps the staging region (once per region), builds exact-size tensor views over it,
-writes with :func:`~.shards.write_shards` and drops its done (or error) marker for the commit.
+writes with :func:`~.shards.write_shards` and answers; it writes nothing else.
 Once mapped, the region's name is removed, so a trainer killed mid-write leaves nothing in
 ``/dev/shm`` (one killed while staging, before the writer mapped the region, still does).
 It exits the moment its trainer is gone, mid-write too: a thread blocks on a pipe whose only write
@@ -29,6 +35,7 @@ code and the last line it printed, and the checkpointer starts a new one at the 
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import signal
@@ -37,17 +44,17 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 
 from nvrx_lab.net import wait_for
 
+log = logging.getLogger(__name__)
 PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 
 
 def _serve(msg: dict, regions: dict) -> dict:
-    from .commit import write_rank_done
-    from .errors import CheckpointWriteError
     from .shards import write_shards
     from .staging import open_region, slot_view
 
@@ -67,12 +74,7 @@ def _serve(msg: dict, regions: dict) -> dict:
         results, files, write_s = write_shards(tmp, rank, msg["plan"], data, msg["bandwidth"], step)
     finally:
         data.clear()
-    try:
-        write_rank_done(tmp, rank, results, files, write_s)
-    except OSError as e:
-        raise CheckpointWriteError(f"step {step}: rank {rank} could not write its done marker in {tmp}: "
-                                   f"{e.strerror or e}", step=step, path=str(tmp), errno=e.errno) from e
-    return {"bytes": sum(f["size"] for f in files.values()), "write_s": write_s}
+    return {"bytes": sum(f["size"] for f in files.values()), "write_s": write_s, "files": files, "results": results}
 
 
 def _exit_with_trainer(death_fd: int) -> None:
@@ -89,7 +91,7 @@ def writer_main(conn_fd: int, death_fd: int) -> None:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the trainer decides
     conn = Connection(conn_fd)
-    from .commit import write_rank_error  # imports torch: the slow part of the start-up
+    from . import shards  # noqa: F401 - imports torch: the slow part of the start-up
 
     regions: dict = {}
     conn.send(("ready", None, {"pid": os.getpid()}))
@@ -105,7 +107,6 @@ def writer_main(conn_fd: int, death_fd: int) -> None:
         except Exception as e:  # noqa: BLE001 - reported to the trainer, the writer lives on
             info = {"step": msg["step"], "rank": msg["rank"], "path": getattr(e, "path", None) or msg["tmp"],
                     "errno": getattr(e, "errno", None), "error": f"{type(e).__name__}: {e}"}
-            write_rank_error(Path(msg["tmp"]), msg["rank"], info)
             conn.send(("error", msg["step"], info))
     for mm in regions.values():
         mm.close()
@@ -140,16 +141,18 @@ class WriterProcess:
         self._lock = threading.Lock()
         self._ready = threading.Event()
         self._unsent: dict | None = None
+        self._on_outcome: Callable[[str, dict], object] | None = None
         self._responses: queue.Queue = queue.Queue()
         self.in_flight: dict | None = None
         threading.Thread(target=self._read, daemon=True, name=f"nvrx-ckpt-writer-{rank}-reader").start()
 
     def _read(self) -> None:
-        """Reader thread: ``ready`` releases a held request; outcomes go to :meth:`poll`."""
+        """Reader thread: ``ready`` releases a held request; outcomes are announced, then go to :meth:`poll`."""
         while True:
             try:
                 kind, step, info = self._conn.recv()
             except (EOFError, OSError):
+                self._announce("died", None)
                 self._responses.put(None)  # the writer is gone (or closed)
                 return
             if kind == "ready":
@@ -159,7 +162,25 @@ class WriterProcess:
                         self._send(self._unsent)
                         self._unsent = None
             else:
+                self._announce(kind, info)
                 self._responses.put((kind, step, info))
+
+    def _announce(self, kind: str, info: dict | None) -> None:
+        """Hand the outcome of the request in flight to its ``on_outcome`` callback, once."""
+        with self._lock:
+            callback, self._on_outcome = self._on_outcome, None
+        if callback is None:
+            return
+        if kind == "died":
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+            info = {"why": self.why(), "tmp": (self.in_flight or {}).get("tmp")}
+        try:
+            callback(kind, info)
+        except Exception:  # noqa: BLE001 - the store may be gone (a restart): the trainer still polls
+            log.warning("writer of rank %d: could not announce a %s outcome", self.rank, kind, exc_info=True)
 
     def _send(self, msg: dict) -> None:
         try:
@@ -196,11 +217,14 @@ class WriterProcess:
         lines = [ln for ln in self._stderr.read()[-4096:].decode(errors="replace").splitlines() if ln.strip()]
         return f"exit code {code}" + (f": {lines[-1].strip()}" if lines else "")
 
-    def submit(self, msg: dict) -> None:
+    def submit(self, msg: dict, on_outcome: Callable[[str, dict], object] | None = None) -> None:
+        """Send ``msg`` (held until the writer is ready); ``on_outcome(kind, info)`` runs in the reader
+        thread when its outcome arrives (``died`` too), before :meth:`poll` returns it."""
         if self.in_flight is not None:
             raise RuntimeError(f"writer of rank {self.rank} is busy with step {self.in_flight['step']}")
         self.in_flight = {"step": msg["step"], "tmp": msg["tmp"]}
         with self._lock:
+            self._on_outcome = on_outcome
             if self._ready.is_set():
                 self._send(msg)
             else:
@@ -211,7 +235,7 @@ class WriterProcess:
         with self._lock:
             if self._unsent is None:
                 return None
-            msg, self._unsent, self.in_flight = self._unsent, None, None
+            msg, self._unsent, self.in_flight, self._on_outcome = self._unsent, None, None, None
             return msg
 
     def poll(self, timeout: float = 0.0) -> tuple[str, int, dict] | None:

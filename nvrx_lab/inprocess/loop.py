@@ -25,14 +25,18 @@ import time
 
 from nvrx_lab.net import wait_for
 
-from . import monitor_process, teardown
+from . import monitor_process, rendezvous, teardown
 from .call_wrapper import CallWrapper, ConfigError
 from .health_check import HealthCheckError
 from .interrupt import MainThreadInterrupter, RankShouldRestart, SocketTracker, socket_fds
 from .monitor import MonitorThread
 from .restart_log import RestartLimitError, RestartRecord, root_cause
 from .state import State
-from .store import RestartStore, connect
+from .store import RestartStore, connect, connect_reporting
+from .watch import KeyWatch, Watched
+
+ATTEMPT_WAIT_S = 365 * 24 * 3600.0
+"""Bound of the wait for an attempt's end: none in practice (the attempt ends with a fault or done)."""
 
 
 def _env_int(name: str, default: int | None = None) -> int:
@@ -52,7 +56,7 @@ class RestartLoop:
     def __init__(self, cfg, fn):
         self.cfg, self.fn = cfg, fn
         self.history: list[RestartRecord] = []
-        self.proc = self.progress = self.monitor = self.store = None
+        self.proc = self.progress = self.monitor = self.store = self.watch = None
         self._emitted: set[int] = set()
 
     # -- entry ---------------------------------------------------------------------------------
@@ -72,17 +76,19 @@ class RestartLoop:
                 self.me, self.ws, self.host, self.port, host_store=(self.me == 0 and cfg.host_store),
                 hard_timeout=cfg.hard_timeout if cfg.hard_timeout is not None else float("inf"),
                 interval=cfg.monitor_interval * 2, heartbeat_interval=cfg.heartbeat_interval,
+                heartbeat_timeout=cfg.heartbeat_timeout, policy=cfg.rank_assignment,
                 idle_exit=max(10.0, 3 * cfg.heartbeat_timeout))
             # every client is made now, before the monitor thread runs: a TCPStore client holds
             # the GIL while it connects (incl. a reverse-DNS lookup that can stall for seconds)
             self.store = RestartStore(connect(self.host, self.port, cfg.barrier_timeout))
             self.store.beat(self.me)  # every member has a counter before rendezvous 0
             monitor_store = RestartStore(connect(self.host, self.port, cfg.barrier_timeout))
+            self.watch = KeyWatch(RestartStore(connect(self.host, self.port, cfg.barrier_timeout)))
             self._new_pg_client()
-            self.monitor = MonitorThread(
-                monitor_store, self.me, list(range(self.ws)), self.interrupter, self.abort, cfg.soft_timeout,
-                cfg.heartbeat_interval, cfg.heartbeat_timeout, cfg.monitor_interval)
+            self.monitor = MonitorThread(monitor_store, self.me, self.interrupter, self.abort, cfg.soft_timeout,
+                                         cfg.heartbeat_interval, cfg.monitor_interval)
             self.monitor.start()
+            self.watch.start()
             self.progress.write(armed=True)
             return self._loop(args, kwargs)
         finally:
@@ -90,7 +96,7 @@ class RestartLoop:
 
     def _loop(self, args, kwargs):
         cfg, me = self.cfg, self.me
-        assignment = self._rendezvous(0, list(range(self.ws)), {r: r for r in range(self.ws)})
+        assignment = self._rendezvous(0, {r: r for r in range(self.ws)})
         iteration, pending = 0, None
         while True:
             active = sorted(r for r, k in assignment.items() if k is not None)
@@ -104,6 +110,7 @@ class RestartLoop:
             t0 = time.monotonic()
             self.monitor.disarm()
             self._teardown()
+            self.progress.write()  # each of the restart's phases gets the whole hard timeout
             abort_s = time.monotonic() - t0
             record = self._record(iteration, t_stop)
             record.abort_s = abort_s
@@ -115,11 +122,13 @@ class RestartLoop:
             except Exception as e:
                 detail = f"health check failed: {type(e).__name__}: {e}"
                 self.store.announce_death(me, "unhealthy", detail, time.time())
+                rendezvous.help_decide(self.store, cfg.rank_assignment, self.ws)  # we may be the last one missing
                 raise HealthCheckError(f"rank {me} leaves the job: {detail}") from e
             # the failed attempt goes now (own_exc was detached from its frames; its own attributes
             # may hold data too), and the cache only after the health check's bounded synchronize
             own = own_exc = None
             teardown.collect_garbage()
+            self.progress.write()
             teardown.release_cuda_cache()
             record.cuda_peak_bytes, record.cuda_left_bytes = teardown.cuda_memory()
             record.health_s = time.monotonic() - t0
@@ -127,7 +136,7 @@ class RestartLoop:
             if cfg.max_iterations is not None and iteration + 1 >= cfg.max_iterations:
                 raise RestartLimitError(f"max_iterations={cfg.max_iterations} reached", self.history)
             t0 = time.monotonic()
-            assignment = self._rendezvous(iteration + 1, list(assignment), assignment)
+            assignment = self._rendezvous(iteration + 1, assignment)
             rendezvous_s = time.monotonic() - t0
             # the dead are known once the rendezvous is decided: attribute the fault now
             record = self._record(iteration, t_stop, record)
@@ -146,34 +155,35 @@ class RestartLoop:
         # init_process_group wraps sys.excepthook (a rank prefix) and nothing unwraps it: without
         # this, every restart adds a wrapper (one '[rankN]: ' more on every error line)
         sys.excepthook = self.excepthook
-        on_first = (lambda cw: self._emit(pending, cw.records)) if pending is not None else None
+        on_first = (lambda cw: self._emit_unarmed(pending, cw.records)) if pending is not None else None
         cw = CallWrapper(state, self.pg_client, self.pg_client_fds, self.monitor, self.sockets, self.progress,
                          self.cfg.pg_timeout, on_first, nccl_min_timeout=self.cfg.nccl_min_timeout)
         active = [r for r, k in state.assignment.items() if k is not None]
-        self.monitor.arm(state)
+        end = self.watch.watch(self.store.end_key(n), ATTEMPT_WAIT_S)
+        self.monitor.arm(state, end)
         try:
-            return self._run_attempt(state, cw, active, args, kwargs)
+            return self._run_attempt(state, cw, active, end, args, kwargs)
         finally:
             cw.close()
 
-    def _run_attempt(self, state: State, cw: CallWrapper, active: list[int], args, kwargs):
+    def _run_attempt(self, state: State, cw: CallWrapper, active: list[int], end: Watched, args, kwargs):
         """-> (outcome, value, own exception detached from its frames, t_stop, the attempt's records)."""
         n, me = state.iteration, self.me
         try:
             try:
                 self.interrupter.armed = True
                 if state.rank is None:
-                    value = self._spare_wait(state, cw, active)
+                    value = self._await(end, "the attempt to end (spare)", on_poll=cw.ping)
                 else:
                     value = self.fn(cw, *args, **kwargs)
             finally:
                 self.interrupter.armed = False
-            self.store.mark_done(n, me)
-            result = wait_for(lambda: "done" if self.store.all_done(n, active) else
-                              ("fault" if self.store.has_fault(n) else None), self.cfg.barrier_timeout,
-                              f"all ranks to finish in-process restart attempt {n}", interval=0.005,
-                              on_poll=self.progress.write)
-            if result == "done":
+            if state.rank is not None:
+                self.store.mark_done(n, me, len(active))
+            self._await(end, f"all ranks to finish in-process restart attempt {n}", self.cfg.barrier_timeout)
+            if end.value is None:
+                end.value = self.store.end(n)
+            if end.value == "done":
                 self.monitor.disarm()
                 return "ok", value, None, time.time(), dict(cw.records)
             return "fault", None, None, time.time(), dict(cw.records)
@@ -192,11 +202,11 @@ class RestartLoop:
             # the health check gets the exception, not its frames (the failed attempt's locals)
             return "fault", None, teardown.detach_exception(e), t, dict(cw.records)
 
-    def _spare_wait(self, state: State, cw: CallWrapper, active: list[int]):
-        """A spare waits for the attempt to end: a fault (it may step in) or completion."""
-        wait_for(lambda: self.store.has_fault(state.iteration) or self.store.all_done(state.iteration, active),
-                 float("inf"), "the attempt to end", interval=0.01, on_poll=cw.ping)
-        return None
+    def _await(self, handle: Watched, what: str, timeout: float | None = None, on_poll=None) -> None:
+        """Wait for a watched key, polling only the local flag (progress keeps being written)."""
+        wait_for(handle.is_set, timeout or handle.timeout, what, interval=0.002, on_poll=on_poll or self.progress.write)
+        if handle.error is not None:
+            raise TimeoutError(f"waiting for {what}: {handle.error}")
 
     def _finish(self, iteration: int) -> None:
         """Every rank is done: no collective of the attempt may still be in flight at exit."""
@@ -215,49 +225,29 @@ class RestartLoop:
 
     def _new_pg_client(self) -> None:
         """The store client the attempts' process groups rendezvous through (reused: no new
-        connection per restart unless an abort had to cut it)."""
+        connection per restart unless an abort had to cut it), connected while progress is written."""
         before = socket_fds()
-        self.pg_client = connect(self.host, self.port, self.cfg.barrier_timeout)
+        self.pg_client = connect_reporting(self.host, self.port, self.cfg.barrier_timeout, self.progress.write)
         self.pg_client_fds = socket_fds() - before
 
     # -- rendezvous ----------------------------------------------------------------------------
-    def _rendezvous(self, n: int, previous_members: list[int], previous: dict) -> dict:
-        """Meet the live members of the previous attempt; the first complete proposal wins."""
-        expected, me, cfg = set(previous_members), self.me, self.cfg
-        self.store.arrive(n, me)
+    def _rendezvous(self, n: int, previous: dict) -> dict:
+        """Meet the live members of the previous attempt (see :mod:`.rendezvous`)."""
+        cfg, what = self.cfg, f"the live ranks to meet for in-process restart attempt {n}"
 
-        def ready():
-            decided = self.store.decided_members(n)
-            if decided is not None:
-                return decided
-            deaths = self.store.deaths(expected)
-            dead = set(deaths) | (self.monitor.stale() & expected)
-            arrived = self.store.arrived(n, expected)
-            if me in dead or not (expected - dead) <= arrived:
-                return None
-            for p in sorted(dead - set(deaths)):  # found by heartbeat: make it known to all
-                detail = f"no heartbeat for > {cfg.heartbeat_timeout} s (seen by rank {me} at rendezvous {n})"
-                t = time.time() - self.monitor.silent_for(p)  # its last sign of life
-                if n > 0:
-                    self.store.report_fault(n - 1, p, "dead", detail, t)
-                self.store.announce_death(p, "dead", detail, t)
-            survivors = sorted(arrived - dead)
-            assignment = cfg.rank_assignment(survivors, previous, self.ws)
-            return self.store.decide_members(n, {"members": survivors,
-                                                 "assignment": {str(k): v for k, v in assignment.items()}})
+        def wait(key: str) -> None:
+            try:
+                self._await(self.watch.watch(key, cfg.barrier_timeout), what)
+            except TimeoutError as e:
+                expected = set(previous)
+                raise TimeoutError(f"{e}: expected {sorted(expected)}, arrived {sorted(self.store.arrived(n))}, "
+                                   f"dead {sorted(self.store.dead_ranks() & expected)} "
+                                   f"(monitor error: {self.monitor.error!r})") from None
 
         try:
-            decided = wait_for(ready, cfg.barrier_timeout, f"the live ranks to meet for in-process restart attempt {n}",
-                               interval=0.002, on_poll=self.progress.write)
-        except TimeoutError as e:
-            raise TimeoutError(f"{e}: expected {sorted(expected)}, arrived {sorted(self.store.arrived(n, expected))}, "
-                               f"dead {sorted(self.store.deaths(expected))}, silent {sorted(self.monitor.stale())} "
-                               f"(monitor error: {self.monitor.error!r})") from None
-        assignment = {int(k): v for k, v in decided["assignment"].items()}
-        if me not in assignment:
-            raise RestartLimitError(f"rank {me} was excluded from attempt {n} (it arrived after the survivors "
-                                    f"{decided['members']} were decided)", self.history)
-        return assignment
+            return rendezvous.join(self.store, n, self.me, previous, cfg.rank_assignment, self.ws, wait)
+        except rendezvous.ExcludedError as e:
+            raise RestartLimitError(str(e), self.history) from None
 
     def _record(self, iteration: int, t_stop: float, record: RestartRecord | None = None) -> RestartRecord:
         """(Re)build the attempt's restart record from every fault report in the store."""
@@ -271,14 +261,23 @@ class RestartLoop:
         record.reports = [(f["cause"], f["rank"]) for f in faults]
         return record
 
+    def _emit_unarmed(self, record: RestartRecord, records: dict) -> None:
+        """From the wrapped function's first ping: the record is written whole or not at all (an
+        interrupt meanwhile is ignored here; the monitor sends it again once re-armed)."""
+        armed, self.interrupter.armed = self.interrupter.armed, False
+        try:
+            self._emit(record, records)
+        finally:
+            self.interrupter.armed = armed
+
     def _emit(self, record: RestartRecord, records: dict) -> None:
         if id(record) in self._emitted:
             return
-        self._emitted.add(id(record))
         if record.t_fault is not None:
             record.back_s = time.time() - record.t_fault
         record.reload_s = records.get("reload_s")
         self.emit("restart", **{**record.fields(), "rank": self.me})
+        self._emitted.add(id(record))
         if record.new_rank == 0:  # one console line per restart, as the launcher prints its own
             back = f"back in {record.back_s:.2f} s" if record.back_s is not None else "back"
             print(f"[nvrx_lab.inprocess] RESTART {back}: {record.line()}", file=sys.stderr, flush=True)
@@ -286,6 +285,8 @@ class RestartLoop:
     def _shutdown(self) -> None:
         if self.monitor is not None:
             self.monitor.stop()
+        if self.watch is not None:
+            self.watch.close()
         if self.progress is not None:
             self.progress.write(armed=False, finished=True)
         if self.proc is not None and not (self.me == 0 and self.cfg.host_store):

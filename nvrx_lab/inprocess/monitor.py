@@ -3,21 +3,17 @@
 
 Every ``interval`` seconds it
 
-* beats this rank's heartbeat counter (``hb/<rank>``) and watches the peers' counters every
-  ``heartbeat_interval``; a peer whose counter has not moved for ``heartbeat_timeout`` is *stale*
-  (reported as a fault while an attempt runs, excluded at the next rendezvous). Each rank's
-  monitor process beats the same counter from its own interpreter, so a rank looks dead only
-  when both stop (a TCPStore connect holds the GIL, and its reverse-DNS lookup can stall for
-  seconds on some hosts);
-* while an attempt is armed: checks the store for a fault report of this attempt, and checks the
-  rank's own progress — no :meth:`~.call_wrapper.CallWrapper.ping` for ``soft_timeout`` s is
-  reported as a ``hang``;
+* beats this rank's heartbeat counter (``hb/<rank>``) every ``heartbeat_interval`` (so does the
+  rank's monitor process, from its own interpreter, so a rank looks dead only when both stop). It
+  reads no other rank's counter: heartbeats are judged once, by the store host (see
+  :mod:`.monitor_process`), not N times over by every rank;
+* while an attempt is armed: looks at the attempt's end (a local flag, set by a
+  :class:`~.watch.KeyWatch` when ``it/<n>/end`` appears — no store operation per tick), and checks
+  the rank's own progress — no :meth:`~.call_wrapper.CallWrapper.ping` for ``soft_timeout`` s is
+  reported as a ``hang`` (which ends the attempt for everyone);
 * on a fault: waits for any :meth:`~.call_wrapper.CallWrapper.atomic` section to end, runs the
   abort policy (unblocks collectives, see :mod:`.interrupt`) and signals the main thread, again
   every ``resend`` s while the main thread is still inside the function.
-
-Heartbeats are counters compared with this thread's own clock, so hosts need no synchronised
-clocks.
 """
 
 from __future__ import annotations
@@ -28,30 +24,27 @@ import time
 from .interrupt import MainThreadInterrupter
 from .state import State
 from .store import RestartStore
+from .watch import Watched
 
 
 class MonitorThread(threading.Thread):
-    def __init__(self, store: RestartStore, rank: int, peers: list[int], interrupter: MainThreadInterrupter,
-                 abort, soft_timeout: float, heartbeat_interval: float, heartbeat_timeout: float,
-                 interval: float = 0.01, resend: float = 0.2):
+    def __init__(self, store: RestartStore, rank: int, interrupter: MainThreadInterrupter, abort,
+                 soft_timeout: float, heartbeat_interval: float, interval: float = 0.01, resend: float = 0.2):
         super().__init__(name=f"nvrx-inprocess-monitor-{rank}", daemon=True)
         self.store, self.rank, self.interrupter, self.abort = store, rank, interrupter, abort
         self.soft_timeout, self.interval, self.resend = soft_timeout, interval, resend
-        self.heartbeat_interval, self.heartbeat_timeout = heartbeat_interval, heartbeat_timeout
+        self.heartbeat_interval = heartbeat_interval
         self.atomic_lock = threading.RLock()
+        """Held by the main thread inside ``atomic()``; the monitor interrupts only between sections."""
         self.atomic_depth = 0
         """> 0 while the main thread is inside ``atomic()``: no soft timeout there (the hard one still holds)."""
-        """Held by the main thread inside ``atomic()``; the monitor interrupts only between sections."""
         self.last_ping = time.monotonic()
         """Monotonic time of the main thread's last progress signal (written by the main thread)."""
         self._lock = threading.Lock()
         self._abort_lock = threading.Lock()
         self._stop_event = threading.Event()
-        self._peers = [p for p in peers if p != rank]
-        self._beats: dict[int, tuple[int, float]] = {}
-        self._stale: set[int] = set()
-        self._reported_stale: set[int] = set()
         self._state: State | None = None
+        self._end: Watched | None = None
         self._hang_reported = False
         self.interrupting = False
         """Set once this attempt is being interrupted; ``atomic()`` refuses to start then."""
@@ -60,13 +53,10 @@ class MonitorThread(threading.Thread):
         self.error: BaseException | None = None
 
     # -- called by the main thread -----------------------------------------------------------
-    def arm(self, state: State) -> None:
+    def arm(self, state: State, end: Watched) -> None:
+        """Watch attempt ``state.iteration``; ``end`` is the watch on its end key."""
         with self._lock:
-            self._state = state
-            self._peers = [p for p in state.members if p != self.rank]
-            self._stale &= set(self._peers)
-            self._beats = {p: b for p, b in self._beats.items() if p in self._peers}
-            self._reported_stale = set()
+            self._state, self._end = state, end
             self._hang_reported = False
             self.interrupting = False
             self.detected_at = None
@@ -77,16 +67,6 @@ class MonitorThread(threading.Thread):
         close the attempt's sockets without racing a cut on reused fd numbers)."""
         with self._abort_lock, self._lock:
             self._state = None
-
-    def stale(self) -> set[int]:
-        with self._lock:
-            return set(self._stale)
-
-    def silent_for(self, peer: int) -> float:
-        """Seconds since ``peer``'s heartbeat last moved (as seen here; 0 if never tracked)."""
-        with self._lock:
-            seen = self._beats.get(peer)
-        return time.monotonic() - seen[1] if seen else 0.0
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop_event.set()
@@ -102,13 +82,12 @@ class MonitorThread(threading.Thread):
                 if now >= next_beat:
                     next_beat = now + self.heartbeat_interval
                     self.store.beat(self.rank)
-                    self._check_peers(now)
                 with self._lock:
-                    state = self._state
+                    state, end = self._state, self._end
                 if state is None:
                     continue
                 if not self.interrupting:
-                    if self.store.has_fault(state.iteration):
+                    if end.is_set() and self._ended_by_fault(state, end):
                         self._interrupt(state)
                         last_signal = time.monotonic()
                     elif (not self._hang_reported and not self.atomic_depth
@@ -126,23 +105,11 @@ class MonitorThread(threading.Thread):
                 if self._stop_event.wait(0.5):
                     return
 
-    def _check_peers(self, now: float) -> None:
-        beats = self.store.heartbeats(self._peers)
-        with self._lock:
-            state = self._state
-            for p in self._peers:
-                count = beats.get(p, -1)
-                seen = self._beats.get(p)
-                if seen is None or seen[0] != count:
-                    self._beats[p] = (count, now)
-                    self._stale.discard(p)
-                elif count >= 0 and now - seen[1] > self.heartbeat_timeout:
-                    self._stale.add(p)
-        if state is not None:
-            for p in (self.stale() & set(self._peers)) - self._reported_stale:
-                self._reported_stale.add(p)
-                self.store.report_fault(state.iteration, p, "dead",
-                                        f"no heartbeat for > {self.heartbeat_timeout} s (seen by rank {self.rank})")
+    def _ended_by_fault(self, state: State, end: Watched) -> bool:
+        """Read once per attempt: ``done`` (every rank returned) is no fault; a failed wait is."""
+        if end.error is None and end.value is None:
+            end.value = self.store.end(state.iteration)
+        return end.error is not None or end.value != "done"
 
     def _interrupt(self, state: State) -> None:
         with self._abort_lock:
@@ -155,9 +122,7 @@ class MonitorThread(threading.Thread):
             finally:
                 self.atomic_lock.release()
             self.detected_at = time.time()
-            faults = self.store.faults(state.iteration)
-            reason = "; ".join(f"{f['cause']} on rank {f['rank']}: {f['detail'][:200]}" for f in faults[:3])
             try:
                 self.abort(state)
-            finally:
-                self.interrupter.interrupt(f"attempt {state.iteration} interrupted: {reason}")
+            finally:  # the faults themselves are read once, for the restart record
+                self.interrupter.interrupt(f"attempt {state.iteration} interrupted: a fault was reported")

@@ -11,7 +11,15 @@ small child process (forked at start, so it needs no second ``import torch``) th
   having finished, it writes ``dead/<rank>`` and a fault report for the current attempt, so peers
   learn in tens of milliseconds instead of waiting out the heartbeat timeout;
 * **store host** — on rank 0 it also hosts the wrapper's ``TCPStore``, and keeps hosting after
-  rank 0 dies, until every rank has left or is known dead, or nobody beat for ``idle_exit`` s.
+  rank 0 dies, until every rank has left or is known dead, or nobody beat for ``idle_exit`` s;
+* **heartbeat judge** — rank 0's (the store host's) reads every rank's counter in one ``multi_get`` per
+  ``heartbeat_interval`` (the only reader of heartbeats: O(N) operations a second in all, not a
+  loop over every rank in every rank) and declares a rank whose counter stood still for
+  ``heartbeat_timeout`` dead: a death notice and a fault report for the current attempt.
+
+A death notice may be what a rendezvous still waits for (the dead cannot arrive): whoever writes
+one also tries to decide the open rendezvous (:func:`.rendezvous.help_decide`), with the rank
+assignment policy the process inherited from the rank.
 
 * **heartbeat** — adds to ``hb/<rank>`` every ``heartbeat_interval`` while the rank lives (so does
   the rank's monitor thread): a rank that holds its GIL for a while (a long native call, a
@@ -29,6 +37,8 @@ import struct
 import time
 
 from nvrx_lab.net import wait_for
+
+from .rank_assignment import ShiftRanks
 
 _LAYOUT = struct.Struct("<dqqq")  # last_progress (monotonic s), iteration, armed, finished
 
@@ -86,7 +96,7 @@ class MonitorProcess:
 
 def start(rank: int, world_size: int, store_host: str, store_port: int, host_store: bool,
           hard_timeout: float, interval: float = 0.02, heartbeat_interval: float = 0.5,
-          idle_exit: float = 30.0) -> tuple[MonitorProcess, Progress]:
+          heartbeat_timeout: float = 5.0, policy=None, idle_exit: float = 30.0) -> tuple[MonitorProcess, Progress]:
     """Fork the monitor process of this rank; returns its handle and the shared progress page.
 
     Forked, not exec'd: it starts in milliseconds with torch already imported (a fresh
@@ -116,8 +126,10 @@ def start(rank: int, world_size: int, store_host: str, store_port: int, host_sto
                     os.close(fd)
                 except OSError:
                     pass
+        policy = policy or ShiftRanks()
+        judge = Judge(world_size, heartbeat_interval, heartbeat_timeout, policy) if rank == 0 else None
         code = _run(rank, world_size, store_host, store_port, host_store, hard_timeout, interval,
-                    heartbeat_interval, idle_exit, progress, parent)
+                    heartbeat_interval, idle_exit, progress, parent, judge, policy)
     except BaseException:
         import traceback
 
@@ -127,7 +139,7 @@ def start(rank: int, world_size: int, store_host: str, store_port: int, host_sto
 
 
 def _run(rank, world_size, store_host, store_port, host_store, hard_timeout, interval, heartbeat_interval,
-         idle_exit, progress: Progress, parent_pid: int) -> int:
+         idle_exit, progress: Progress, parent_pid: int, judge: Judge | None, policy) -> int:
     from . import store as st
 
     server = st.host(store_port, bind=store_host) if host_store else None
@@ -140,40 +152,80 @@ def _run(rank, world_size, store_host, store_port, host_store, hard_timeout, int
         if time.monotonic() >= next_beat and os.getppid() == parent_pid:
             client.beat(rank)
             next_beat = time.monotonic() + heartbeat_interval
+        if judge is not None:
+            judge.tick(client)
         if os.getppid() != parent_pid:
             parent_gone = True
             if not finished:
-                _report_dead(client, rank, iteration, "dead", "process exited without finishing (killed?)")
+                _report_dead(client, rank, iteration, "dead", "process exited without finishing (killed?)",
+                             world_size, policy)
         elif armed and time.monotonic() - last > hard_timeout:
             os.kill(parent_pid, signal.SIGKILL)
             parent_gone = True
             _report_dead(client, rank, iteration, "hard_timeout",
-                         f"no progress for {time.monotonic() - last:.1f} s > hard_timeout {hard_timeout} s; killed")
+                         f"no progress for {time.monotonic() - last:.1f} s > hard_timeout {hard_timeout} s; killed",
+                         world_size, policy)
         elif finished:
             parent_gone = True
     client.leave(rank)
     if server is not None:  # keep the store up for the others
-        _serve_until_idle(client, world_size, idle_exit)
+        _serve_until_idle(client, world_size, idle_exit, judge or Judge(world_size, heartbeat_interval, 1e9, policy))
     return 0
 
 
-def _report_dead(client, rank: int, iteration: int, cause: str, detail: str) -> None:
+def _report_dead(client, rank: int, iteration: int, cause: str, detail: str, world_size: int, policy) -> None:
+    from .rendezvous import help_decide
+
     t = time.time()
     # the report first: a survivor that sees the death may attribute the restart at once
     client.report_fault(iteration, rank, cause, detail, t)
     client.announce_death(rank, cause, detail, t)
+    help_decide(client, policy, world_size)
 
 
-def _serve_until_idle(client, world_size: int, idle_exit: float) -> None:
-    last_beats, last_change = None, time.monotonic()
-    while True:
-        if client.all_gone(world_size):
-            time.sleep(0.5)  # let the last clients finish their calls
-            return
-        beats = client.heartbeats(range(world_size))
-        if beats != last_beats:
-            last_beats, last_change = beats, time.monotonic()
-        elif time.monotonic() - last_change > idle_exit:
+class Judge:
+    """The store host's heartbeat judge: one ``multi_get`` of every counter per interval."""
+
+    def __init__(self, world_size: int, interval: float, timeout: float, policy):
+        self.world_size, self.interval, self.timeout, self.policy = world_size, interval, timeout, policy
+        self.seen: dict[int, tuple[int, float]] = {}
+        self.judged: set[int] = set()
+        self.next = 0.0
+        self.last_change = time.monotonic()
+        """When any counter last moved (the host stops serving once nobody beats)."""
+
+    def tick(self, client) -> list[int]:
+        """Judge once per interval; returns the ranks declared dead now."""
+        now = time.monotonic()
+        if now < self.next:
+            return []
+        self.next = now + self.interval
+        beats = client.heartbeats(self.world_size, started=bool(self.seen))
+        if beats is None:
+            return []  # not every rank has started: rendezvous 0's timeout covers a rank that never does
+        stale = []
+        for r, count in beats.items():
+            seen = self.seen.get(r)
+            if seen is None or seen[0] != count:
+                self.seen[r] = (count, now)
+                self.last_change = now
+            elif now - seen[1] > self.timeout and r not in self.judged:
+                stale.append(r)
+        if stale:
+            self.judged |= set(stale)
+            stale = sorted(set(stale) - client.dead_ranks() - client.gone_ranks())
+        for r in stale:
+            silent = now - self.seen[r][1]
+            _report_dead(client, r, max(client.latest_decided(), 0), "dead",
+                         f"no heartbeat for {silent:.1f} s > heartbeat_timeout {self.timeout} s (judged by the store host)",
+                         self.world_size, self.policy)
+        return stale
+
+
+def _serve_until_idle(client, world_size: int, idle_exit: float, judge: Judge) -> None:
+    while not client.all_gone(world_size):
+        judge.tick(client)
+        if time.monotonic() - judge.last_change > idle_exit:
             return
         time.sleep(0.1)
-
+    time.sleep(0.5)  # let the last clients finish their calls

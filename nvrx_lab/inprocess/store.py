@@ -6,35 +6,61 @@ separate from torchrun's rendezvous store. It is hosted by rank 0's *monitor pro
 :mod:`.monitor_process`), not by rank 0 itself, so it outlives a SIGKILL of rank 0. Keys:
 
 ==========================  ===============================================================
-``hb/<r>``                  heartbeat counter of initial rank ``r`` (its monitor thread)
-``dead/<r>``                death notice (JSON) written by ``r``'s monitor process
-``it/<n>/fault/<k>``        the k-th fault report of attempt ``n`` (JSON); ``it/<n>/nfaults``
-``it/<n>/done/<r>``         rank ``r`` returned from attempt ``n``
+``hb/<r>``                  heartbeat counter of initial rank ``r``; judged once, by the store host
+``dead/<r>``, ``dead``      death notice (JSON); ``dead`` lists the dead (``"3,7,"``), ``ndead`` counts them
+``it/<n>/faults``           the fault reports of attempt ``n``, one JSON line each
+``it/<n>/ndone``            ranks that returned from attempt ``n``
+``it/<n>/end``              how attempt ``n`` ended: ``fault`` or ``done`` (first writer wins)
 ``it/<n>/pg/...``           the attempt's process-group rendezvous (a fresh prefix each time)
-``rdzv/<n>/arrived/<r>``    ``r`` is ready for attempt ``n``; ``rdzv/<n>/members`` decides it
-``gone/<r>``                ``r`` left for good (the host exits when every rank is gone or dead)
+``rdzv/<n>/arrived``        ranks ready for attempt ``n`` (``"0,2,"``), ``rdzv/<n>/count`` counts them
+``rdzv/<n>/members``        the decision (first complete proposal wins); ``attempt``: newest decided
+``gone``, ``ngone``         ranks that left for good
 ==========================  ===============================================================
 
-Every wait on these keys polls them with :func:`nvrx_lab.net.wait_for`, with a deadline wherever a
-dead peer could otherwise hang it.
+At 1,024 ranks every event costs each rank O(1) store operations, and no rank ever loops over
+the others' keys: a list that grows by ``append`` is read in one ``get``, a counter in one
+``add(key, 0)``, and the end of an attempt or a rendezvous is one blocking ``wait`` on one key
+(the server answers when it is set; nobody polls it). Heartbeats are judged in one place, the
+store host, with one ``multi_get`` per interval (see ``python -m nvrx_lab.bench scale``).
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
-from collections.abc import Iterable
 from datetime import timedelta
 
 import torch.distributed as dist
 
-from nvrx_lab.net import listen
+from nvrx_lab.net import listen, wait_for
 
 
 def connect(host: str, port: int, timeout: float = 60.0) -> dist.TCPStore:
     """A client of the wrapper's store (retries until the host is up or ``timeout``)."""
     return dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout),
                          wait_for_workers=False)
+
+
+def connect_reporting(host: str, port: int, timeout: float, on_poll) -> dist.TCPStore:
+    """:func:`connect` in a thread of its own while this one calls ``on_poll`` (e.g. writes its
+    progress): a connect can stall for seconds on a reverse-DNS lookup of the peer's address, and a
+    rank's hard timeout must not take that for a hang."""
+    box: dict = {}
+
+    def open_client() -> None:
+        try:
+            box["client"] = connect(host, port, timeout)
+        except BaseException as e:
+            box["error"] = e
+
+    thread = threading.Thread(target=open_client, name="nvrx-inprocess-connect", daemon=True)
+    thread.start()
+    wait_for(lambda: not thread.is_alive(), timeout + 5, f"a store client of {host}:{port}", interval=0.005,
+             on_poll=on_poll)
+    if "error" in box:
+        raise box["error"]
+    return box["client"]
 
 
 def host(port: int, bind: str = "127.0.0.1", timeout: float = 60.0) -> dist.TCPStore:
@@ -45,79 +71,129 @@ def host(port: int, bind: str = "127.0.0.1", timeout: float = 60.0) -> dist.TCPS
                          wait_for_workers=False, master_listen_fd=sock.detach())
 
 
+def ranks_of(value: bytes | str) -> set[int]:
+    """The ranks of an appended list (``"3,-1,7,"``)."""
+    text = value.decode() if isinstance(value, bytes) else value
+    return {int(x) for x in text.split(",") if x}
+
+
 class RestartStore:
     """Typed helpers over one store client (one per thread: clients are not shared)."""
 
     def __init__(self, client: dist.Store):
         self.client = client
 
+    def get_or_empty(self, key: str) -> bytes:
+        """The value of ``key``, or ``b""`` if it was never set: one operation (``compare_set``
+        sets a missing key to ``""``, and leaves an existing one as it is)."""
+        return self.client.compare_set(key, "", "")
+
+    def wait(self, key: str, timeout: float) -> None:
+        """Block until ``key`` exists (one operation; the server answers when it is set)."""
+        self.client.wait([key], timedelta(seconds=timeout))
+
     # -- heartbeats and deaths ---------------------------------------------------------------
     def beat(self, rank: int) -> None:
         self.client.add(f"hb/{rank}", 1)
 
-    def heartbeats(self, ranks: Iterable[int]) -> dict[int, int]:
-        ranks = [r for r in ranks if self.client.check([f"hb/{r}"])]
-        if not ranks:
-            return {}
-        values = self.client.multi_get([f"hb/{r}" for r in ranks])
-        return {r: int(v) for r, v in zip(ranks, values, strict=True)}
+    def heartbeats(self, world_size: int, started: bool = False) -> dict[int, int] | None:
+        """Every rank's counter in one ``multi_get``; ``None`` until every rank has beaten once
+        (``started``: known already, skip the ``check``)."""
+        keys = [f"hb/{r}" for r in range(world_size)]
+        if not (started or self.client.check(keys)):
+            return None
+        return {r: int(v) for r, v in enumerate(self.client.multi_get(keys))}
 
     def announce_death(self, rank: int, cause: str, detail: str, t: float) -> None:
         self.client.set(f"dead/{rank}", json.dumps({"rank": rank, "cause": cause, "detail": detail, "t": t}))
+        self.client.append("dead", f"{rank},")
+        self.client.add("ndead", 1)
 
-    def deaths(self, ranks: Iterable[int]) -> dict[int, dict]:
-        out = {}
-        for r in ranks:
-            if self.client.check([f"dead/{r}"]):
-                out[r] = json.loads(self.client.get(f"dead/{r}"))
-        return out
+    def dead_ranks(self) -> set[int]:
+        return ranks_of(self.get_or_empty("dead"))
 
-    # -- faults ------------------------------------------------------------------------------
-    def report_fault(self, iteration: int, rank: int, cause: str, detail: str, t: float | None = None) -> int:
-        """Append a fault report for attempt ``iteration``; returns its index (0 = first)."""
+    def ndead(self) -> int:
+        return self.client.add("ndead", 0)
+
+    def deaths(self, ranks) -> dict[int, dict]:
+        """Death notices of ``ranks``: one ``get`` of the list, one ``multi_get`` of the notices."""
+        dead = sorted(self.dead_ranks() & set(ranks))
+        if not dead:
+            return {}
+        values = self.client.multi_get([f"dead/{r}" for r in dead])
+        return {r: json.loads(v) for r, v in zip(dead, values, strict=True)}
+
+    # -- faults and the end of an attempt --------------------------------------------------------
+    def report_fault(self, iteration: int, rank: int, cause: str, detail: str, t: float | None = None) -> None:
+        """Add a fault report to attempt ``iteration`` (one ``append``) and end the attempt."""
         record = {"iteration": iteration, "rank": rank, "cause": cause, "detail": detail[:2000],
                   "t": time.time() if t is None else t}
-        k = self.client.add(f"it/{iteration}/nfaults", 1) - 1
-        self.client.set(f"it/{iteration}/fault/{k}", json.dumps(record))
-        return k
+        self.client.append(f"it/{iteration}/faults", json.dumps(record) + "\n")
+        self.client.compare_set(self.end_key(iteration), "", "fault")
 
     def has_fault(self, iteration: int) -> bool:
-        return self.client.check([f"it/{iteration}/fault/0"])
+        """Whether attempt ``iteration`` has a fault report (one operation)."""
+        return bool(self.get_or_empty(f"it/{iteration}/faults"))
 
     def faults(self, iteration: int) -> list[dict]:
-        if not self.client.check([f"it/{iteration}/nfaults"]):
-            return []
-        n = self.client.add(f"it/{iteration}/nfaults", 0)
-        keys = [f"it/{iteration}/fault/{k}" for k in range(n)]
-        keys = [k for k in keys if self.client.check([k])]
-        return [json.loads(v) for v in self.client.multi_get(keys)] if keys else []
+        """Every fault report of attempt ``iteration``, in the order they were made (one operation)."""
+        return [json.loads(line) for line in self.get_or_empty(f"it/{iteration}/faults").decode().splitlines()]
 
-    # -- completion and rendezvous -------------------------------------------------------------
-    def mark_done(self, iteration: int, rank: int) -> None:
-        self.client.set(f"it/{iteration}/done/{rank}", "1")
+    @staticmethod
+    def end_key(iteration: int) -> str:
+        return f"it/{iteration}/end"
 
-    def all_done(self, iteration: int, ranks: Iterable[int]) -> bool:
-        return self.client.check([f"it/{iteration}/done/{r}" for r in ranks])
+    def end(self, iteration: int) -> str:
+        """How attempt ``iteration`` ended (``fault``/``done``); call once :meth:`end_key` exists
+        (a key is never created empty here: a ``wait`` on it would wake too early)."""
+        return self.client.get(self.end_key(iteration)).decode()
 
-    def arrive(self, iteration: int, rank: int) -> None:
-        self.client.set(f"rdzv/{iteration}/arrived/{rank}", "1")
+    def mark_done(self, iteration: int, rank: int, active: int) -> None:
+        """``rank`` returned; the last of the ``active`` ranks ends the attempt as ``done``."""
+        if self.client.add(f"it/{iteration}/ndone", 1) >= active:
+            self.client.compare_set(self.end_key(iteration), "", "done")
 
-    def arrived(self, iteration: int, ranks: Iterable[int]) -> set[int]:
-        return {r for r in ranks if self.client.check([f"rdzv/{iteration}/arrived/{r}"])}
+    # -- rendezvous ------------------------------------------------------------------------------
+    def arrive(self, iteration: int, rank: int) -> int:
+        """``rank`` is ready for attempt ``iteration``; returns how many have arrived."""
+        self.client.append(f"rdzv/{iteration}/arrived", f"{rank},")
+        return self.client.add(f"rdzv/{iteration}/count", 1)
+
+    def arrived(self, iteration: int) -> set[int]:
+        return ranks_of(self.get_or_empty(f"rdzv/{iteration}/arrived"))
+
+    @staticmethod
+    def members_key(iteration: int) -> str:
+        return f"rdzv/{iteration}/members"
 
     def decide_members(self, iteration: int, proposal: dict) -> dict:
-        """First proposal wins (``compare_set``); every caller gets the decided value."""
-        value = self.client.compare_set(f"rdzv/{iteration}/members", "", json.dumps(proposal))
+        """First proposal wins (``compare_set``); every caller gets the decided value. The winner
+        records ``attempt`` (the newest decided rendezvous, for death notices to find)."""
+        mine = json.dumps(proposal)
+        value = self.client.compare_set(self.members_key(iteration), "", mine)
+        if value.decode() == mine:
+            self.client.set("attempt", str(iteration))
         return json.loads(value)
 
-    def decided_members(self, iteration: int) -> dict | None:
-        key = f"rdzv/{iteration}/members"
-        return json.loads(self.client.get(key)) if self.client.check([key]) else None
+    def decided_members(self, iteration: int, known_to_exist: bool = False) -> dict | None:
+        key = self.members_key(iteration)
+        if not (known_to_exist or self.client.check([key])):
+            return None
+        return json.loads(self.client.get(key))
+
+    def latest_decided(self) -> int:
+        """The newest decided rendezvous, -1 before the first."""
+        return int(self.get_or_empty("attempt") or -1)
 
     def leave(self, rank: int) -> None:
-        self.client.set(f"gone/{rank}", "1")
+        self.client.append("gone", f"{rank},")
+        self.client.add("ngone", 1)
+
+    def gone_ranks(self) -> set[int]:
+        return ranks_of(self.get_or_empty("gone"))
 
     def all_gone(self, world_size: int) -> bool:
         """Every initial rank has left for good: finished (``gone``) or known dead (``dead``)."""
-        return all(self.client.check([f"gone/{r}"]) or self.client.check([f"dead/{r}"])
-                   for r in range(world_size))
+        if self.client.add("ngone", 0) + self.ndead() < world_size:
+            return False
+        return self.gone_ranks() | self.dead_ranks() >= set(range(world_size))

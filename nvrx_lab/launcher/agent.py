@@ -13,6 +13,10 @@ What it changes, and why:
   that made restarts fail 5 times out of 6. After each c10d rendezvous the agent of group rank 0
   starts a *new* TCPStore on a fresh port and publishes it under the round's prefix; workers of
   that round use only it (MASTER_ADDR/MASTER_PORT), and the previous one is closed.
+* **A replacement node can join.** With the store shared (above), torch's c10d handler publishes rank 0's
+  ``MASTER_ADDR``/``MASTER_PORT`` only in the first round, yet a node joining a later round (a pod
+  replaced after its node was lost) waits for them in *its* round's store: 60 s, then every agent of
+  that round fails. Rank 0's agent publishes them again in every round (:func:`_republish_bootstrap`).
 * **Warm standby** (optional, :mod:`nvrx_lab.launcher.standby`): after torchelastic stops workers
   the zygote is asked to SIGKILL anything left, so a new round never overlaps the old one.
 * **Restart log** (:mod:`nvrx_lab.launcher.restart_log`): why, how fast detected, how fast respawned.
@@ -32,6 +36,7 @@ import time
 from torch.distributed import TCPStore
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
 
 from nvrx_lab.launcher.monitor import MonitorServer
 from nvrx_lab.launcher.policy import USAGE_ERROR, RestartPolicy, any_failed
@@ -43,6 +48,22 @@ log = logging.getLogger(__name__)
 _STORE_KEY = "nvrx_lab/worker_store"
 
 
+def _republish_bootstrap(handler) -> None:
+    """After each round, group rank 0 writes its bootstrap address into that round's store, where a node that
+    joins in that round (its first) reads it (``RendezvousStoreInfo.build``); the other nodes ignore it."""
+    inner = handler.next_rendezvous
+
+    def next_rendezvous():
+        info = inner()
+        boot = info.bootstrap_store_info
+        if info.rank == 0 and boot is not None:
+            info.store.set(RendezvousStoreInfo.MASTER_ADDR_KEY, boot.master_addr)
+            info.store.set(RendezvousStoreInfo.MASTER_PORT_KEY, str(boot.master_port))
+        return info
+
+    handler.next_rendezvous = next_rendezvous
+
+
 class HeartbeatAgent(LocalElasticAgent):
     """``LocalElasticAgent`` that also restarts on missed heartbeats and uses a fresh store per round."""
 
@@ -52,6 +73,7 @@ class HeartbeatAgent(LocalElasticAgent):
         super().__init__(spec, logs_specs, start_method=start_method, shutdown_timeout=shutdown_timeout, **kwargs)
         os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "0"  # workers are clients of the agent's store
         os.environ.update(monitors.env())  # inherited by the workers
+        _republish_bootstrap(spec.rdzv_handler)
         self.monitors, self.restart_log, self.policy, self.zygote = monitors, restart_log, policy, zygote
         self._round_store: TCPStore | None = None
         self._tolerated: set[int] = set()

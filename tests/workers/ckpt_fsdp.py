@@ -4,7 +4,9 @@
     python -m torch.distributed.run --nproc-per-node 3 ... tests/workers/ckpt_fsdp.py load DIR
 
 ``save`` trains 2 steps, writes the full (unsharded) reference to DIR/ref.pt, async-saves step 2,
-trains a third step in place *before* finalizing, and checks every rank agrees on ``latest_step``.
+trains a third step in place *before* finalizing, commits on rank 0 while the other ranks wait in a
+barrier (their writers' outcomes reach the store without them), and checks every rank agrees on
+``latest_step``.
 ``load`` builds differently initialised FSDP2 modules on N ranks, loads, and compares with ref.pt.
 """
 
@@ -57,9 +59,13 @@ def main(mode: str, out: Path) -> None:
         if rank == 0:
             torch.save(ref, out / "ref.pt")
         with AsyncCheckpointer(out / "ckpt", process_group=pg) as ckpt:
+            ckpt.start()  # writers up before the barrier below (it times out after 60 s; torch imports take long under load)
             ckpt.save({"model": msd, "optim": osd, "meta": {"step": 1, "name": "sync"}}, step=1)  # sync path
             ckpt.async_save({"model": msd, "optim": osd, "meta": {"step": 2, "name": "fsdp"}}, step=2)
             train_step(model, opt, 2)  # mutates params and optimizer state in place while the writer runs
+            if rank == 0:  # commits while the other ranks wait in a barrier: their posts need no call of theirs
+                assert ckpt.finalize_async_save(blocking=True) == [2]
+            dist.barrier(group=pg)
             ckpt.finalize_async_save(blocking=True)
             assert ckpt.latest_step() == 2, ckpt.latest_step()
         print(f"SAVE_OK rank={rank}", flush=True)

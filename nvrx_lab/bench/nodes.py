@@ -1,0 +1,185 @@
+"""``python -m nvrx_lab.bench nodes``: four "nodes" on one box, as the EKS Indexed Job runs them, and three faults
+=================================================================================================================
+
+``python -m nvrx_lab.bench nodes [--faults-per-kind 10] [--faults-per-job 5] [--quick]``
+
+The rendered Job (:func:`nvrx_lab.eks.render.render`, modes ``ft_launcher`` and ``ft_launcher+inprocess``:
+``--restart launcher`` and ``--restart launcher+inprocess``) at ``--nodes 4`` is run by
+:class:`nvrx_lab.bench._job.NodeJob`: one pod = one ``python -m nvrx_lab.launcher`` agent with
+``--nproc-per-node 2`` workers of the tiny trainer, every agent meeting at completion index 0's c10d
+rendezvous endpoint, as on EKS. Faults on node ``--node`` (default 2; node 0 hosts the rendezvous store,
+and losing it fails the whole Job on EKS too):
+
+* ``hang`` — its first rank hangs (the trainer's ``--faults RANK:STEP:hang``): missed heartbeats;
+* ``sigkill`` — its second rank SIGKILLs itself (``RANK:STEP:sigkill``);
+* ``node-loss`` — its pod's agent, workers and standby zygote SIGKILLed at once at a step, then a
+  replacement pod (same completion index) started, as the Job controller does.
+
+Time to training = fault (the ``fault`` event, or the kill) -> rank 0's first step after the first
+``start``/``restart`` event that follows it (every rank takes part in a step). ``recovered`` counts faults
+after which training resumed; the Job must also end with every pod exiting 0 (``job``), and no process
+of the run may survive it (``left_running``, checked with psutil). The launcher's and the trainer's restart
+log lines of each Job are kept in the JSON (``restart_log``); the table shows the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from nvrx_lab.bench._job import JobFailed, NodeJob
+from nvrx_lab.eks import JobSpec, render
+from nvrx_lab.events import read_events
+from nvrx_lab.net import wait_for
+from nvrx_lab.table import median, p95, report
+
+KINDS = ("hang", "sigkill", "node-loss")
+MODES = {"launcher": "ft_launcher", "launcher+inprocess": "ft_launcher+inprocess"}
+"""The trainer's ``--restart`` -> the rendered Job's mode."""
+TINY = ("--seq-len", "16", "--dim", "32", "--n-layers", "1", "--n-heads", "2", "--hidden-dim", "64", "--log-every", "1")
+LOG_MARKS = ("[nvrx-lab-launch]", "RESTART", "FAULT injected")
+"""Restart log lines: the launcher's, the in-process wrapper's, the fault injector's."""
+
+
+def fault_steps(a) -> list[int]:
+    return [a.first_step + i * a.gap for i in range(a.faults)]
+
+
+def job_spec(restart: str, kind: str, a, name: str) -> JobSpec:
+    """The Job of one run: ``a.faults`` faults of ``kind`` on node ``a.node``, ``a.gap`` steps apart."""
+    rank = a.node * a.nproc + (1 if kind == "sigkill" else 0)
+    faults = ",".join(f"{rank}:{s}:{kind}" for s in fault_steps(a)) if kind != "node-loss" else ""
+    return JobSpec(name=name, image="local", nodes=a.nodes, mode=MODES[restart], steps=fault_steps(a)[-1] + a.gap,
+                   ckpt_interval=a.ckpt_interval, faults=faults, train_extra=TINY, max_restarts=3 * a.faults + 3,
+                   heartbeat_timeout=a.heartbeat_timeout, initial_heartbeat_timeout=60, monitor_interval=0.2,
+                   section_timeouts={"checkpoint": 30})
+
+
+def _steps_after(events: Path, t: float) -> list[dict]:
+    return [e for e in read_events(events) if e["kind"] == "step" and e["rank"] == 0 and e["t"] > t] \
+        if events.exists() else []
+
+
+def strike(job: NodeJob, events: Path, a) -> None:
+    """Lose node ``a.node`` at each fault step (once training is past it again after the previous loss)."""
+    since = 0.0
+    for step in fault_steps(a):
+        def reached() -> bool:
+            if job.poll():
+                raise JobFailed(f"the Job ended before step {step} was reached again")  # noqa: B023
+            return any(e["step"] >= step for e in _steps_after(events, since))  # noqa: B023
+
+        wait_for(reached, job.timeout_s, f"training to reach step {step}", interval=0.05)
+        since = job.lose_node(a.node)
+
+
+def recoveries(events: list[dict], faults: list[float]) -> list[float | None]:
+    """Per fault time: seconds to rank 0's first step after the first (re)start that follows it; None: never."""
+    events = sorted(events, key=lambda e: e["t"])
+    out: list[float | None] = []
+    for t in faults:
+        restart = next((e["t"] for e in events if e["t"] > t and e["kind"] in ("start", "restart")), None)
+        step = None if restart is None else next(
+            (e["t"] for e in events if e["t"] > restart and e["kind"] == "step" and e["rank"] == 0), None)
+        out.append(None if step is None else step - t)
+    return out
+
+
+def run_job(restart: str, kind: str, a, workdir: Path) -> dict:
+    """One Job of ``a.faults`` faults: recovery times, launcher detection, pod failures, the restart log."""
+    name = "nodes"  # each Job has a folder of its own (its FSx, its metrics)
+    manifests = render(job_spec(restart, kind, a, name))
+    t0, error = time.monotonic(), None
+    with NodeJob(manifests, workdir, a.nproc, a.job_timeout, a.rdzv_conf) as job:
+        events = job.run.local_path(f"/fsx/{name}/metrics.jsonl")
+        try:
+            if kind == "node-loss":
+                strike(job, events, a)
+            wait_for(job.poll, a.job_timeout, "every pod to exit 0", interval=0.1)
+        except JobFailed as e:
+            error = str(e)
+        except TimeoutError as e:
+            error = f"{e}\n{job.tail(0)}"
+        lines = job.log_lines(*LOG_MARKS)
+    ev = read_events(events) if events.exists() else []
+    faults = [t for _, t in job.lost] if kind == "node-loss" else [e["t"] for e in ev if e["kind"] == "fault"]
+    return {"recovery": recoveries(ev, faults), "injected": len(faults), "pod_failures": job.pod_failures,
+            "detect": [e["detect_s"] for e in ev if e["kind"] == "launcher_failure" and e.get("detect_s")],
+            "respawn": [e["respawn_s"] for e in ev if e["kind"] == "launcher_restart" and e.get("respawn_s")],
+            "left": job.left, "error": error, "restart_log": lines, "wall_s": time.monotonic() - t0, "events": events}
+
+
+def run_row(restart: str, kind: str, a, tmp: Path) -> dict:
+    jobs = []
+    for j in range(a.jobs):
+        print(f"[nodes] --restart {restart}, {kind}: job {j + 1}/{a.jobs} ({a.faults} faults) ...", flush=True)
+        jobs.append(run_job(restart, kind, a, tmp / f"{restart.replace('+', '_')}-{kind}-{j}"))
+    rec = [r for job in jobs for r in job["recovery"] if r is not None]
+    injected = sum(job["injected"] for job in jobs)
+    row = {"restart": restart, "fault": kind, "injected": injected, "recovered": f"{len(rec)}/{injected}",
+           "median_s": median(rec), "p95_s": p95(rec), "detect_s": median([d for job in jobs for d in job["detect"]]),
+           "respawn_s": median([d for job in jobs for d in job["respawn"]]),
+           "pod_failures": sum(job["pod_failures"] for job in jobs),
+           "job": "ok" if not any(job["error"] for job in jobs) else "FAILED",
+           "left_running": sum(len(job["left"]) for job in jobs), "wall_s": sum(job["wall_s"] for job in jobs),
+           "restart_log": [job["restart_log"] for job in jobs]}
+    errors = [job["error"] for job in jobs if job["error"]] + [f"left running: {job['left']}" for job in jobs if job["left"]]
+    if errors:
+        row["error"] = "\n".join(errors)
+        print(f"[nodes] error: {row['error'][-4000:]}", flush=True)
+    print(f"[nodes] --restart {restart}, {kind}: {row['recovered']} recovered, median {row['median_s']:.2f} s", flush=True)
+    return row
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m nvrx_lab.bench nodes", description=__doc__.splitlines()[0])
+    ap.add_argument("--faults-per-kind", type=int, default=10, help="faults of each kind per restart mode")
+    ap.add_argument("--faults-per-job", type=int, default=5, help="faults injected in one Job, --gap steps apart")
+    ap.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
+    ap.add_argument("--restarts", nargs="+", default=list(MODES), choices=list(MODES), help="the trainer's --restart")
+    ap.add_argument("--nodes", type=int, default=4, help="pods (agents), one per node")
+    ap.add_argument("--nproc", type=int, default=2, help="workers per node")
+    ap.add_argument("--node", type=int, default=2, help="the node that faults (not 0: it hosts the rendezvous store)")
+    ap.add_argument("--first-step", type=int, default=6, help="step of the first fault")
+    ap.add_argument("--gap", type=int, default=8, help="steps between faults")
+    ap.add_argument("--ckpt-interval", type=int, default=3)
+    ap.add_argument("--heartbeat-timeout", type=float, default=3.0, help="the launcher's steady heartbeat timeout (s)")
+    ap.add_argument("--rdzv-conf", default="", help="extra c10d settings, e.g. keep_alive_interval=1 (default: as shipped)")
+    ap.add_argument("--job-timeout", type=float, default=0, help="bound on one Job (s); 0: 120 + 90 per fault")
+    ap.add_argument("--quick", action="store_true", help="2 faults per kind, one Job each")
+    ap.add_argument("--workdir", default=None, help="keep every Job's folder (logs, FSx) here (default: a temp dir)")
+    ap.add_argument("--out", default="build/bench/nodes.json")
+    a = ap.parse_args(argv)
+    if not 0 < a.node < a.nodes:
+        ap.error(f"--node must be 1..{a.nodes - 1} (node 0 hosts the rendezvous store), got {a.node}")
+    total = 2 if a.quick else a.faults_per_kind
+    a.faults = min(total, a.faults_per_job)
+    a.jobs = -(-total // a.faults)
+    a.job_timeout = a.job_timeout or 120 + 90 * a.faults  # a node loss on a loaded 2-core box: ~75 s
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    a = parse(argv)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="nvrx_nodes_") as tmp:
+        for restart in a.restarts:
+            for kind in a.kinds:
+                rows.append(run_row(restart, kind, a, Path(a.workdir or tmp)))
+    for row in rows:
+        print(f"\nrestart log, --restart {row['restart']}, {row['fault']} (first Job):")
+        print("\n".join(f"  {line}" for line in row["restart_log"][0][:16]))
+    report("nodes", rows, a.out, "python -m nvrx_lab.bench nodes " + shlex.join(argv),
+           extra={"nodes": a.nodes, "nproc_per_node": a.nproc, "faults_per_job": a.faults, "jobs_per_row": a.jobs},
+           columns=["restart", "fault", "recovered", "median_s", "p95_s", "detect_s", "respawn_s", "pod_failures", "job",
+                    "left_running", "wall_s"])
+    return 1 if any("error" in r for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

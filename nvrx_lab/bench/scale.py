@@ -1,0 +1,124 @@
+"""Scale model: the control plane at 8 to 4,096 ranks on one box
+================================================================
+
+``python -m nvrx_lab.bench scale --ranks 8 64 512 1024 4096``
+
+Simulated ranks (threads, a store client each, one real ``TCPStore``) run the control-plane code
+of the real ranks — the in-process restart's store protocol (fault report, the attempt's end,
+rendezvous and rank assignment), the heartbeat judge, the checkpoint commit — with the data plane
+stubbed (see ``_scale_model.py``). Each row counts every store operation and file system metadata
+operation and times what a user waits for:
+
+* ``restart_s`` — one injected exception until every simulated rank has its new assignment;
+* ``store_ops_per_restart`` — store operations of all ranks in that window (target <= 10 N);
+* ``heartbeat_store_ops_per_s`` — at ``--heartbeat-interval`` (target <= 2 N / interval);
+* ``commit_fs_ops_per_save``, ``idle_step_fs_ops`` — one save of N ranks, and a training step
+  while a save is pending (targets <= N + 10 and 0).
+
+``--protocols new legacy``: ``legacy`` is the first version (``_scale_legacy.py``), where every
+rank polled every rank's keys; it runs up to ``--legacy-max-ranks`` (it is O(N^2) per event).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import tempfile
+import threading
+import time
+
+from nvrx_lab.bench import _scale_legacy as legacy
+from nvrx_lab.bench._scale_model import Ranks, measure_commit, measure_heartbeats, measure_restart
+from nvrx_lab.inprocess.store import host
+from nvrx_lab.net import free_port
+from nvrx_lab.table import report
+
+
+def legacy_restart(ranks: Ranks, timeout: float) -> dict:
+    n = ranks.n
+    t = time.monotonic()
+    ranks.run(lambda r: legacy.rendezvous0(ranks.clients[r], r, n, timeout), timeout)
+    rendezvous0_s = time.monotonic() - t
+    ranks.reset()
+    identity = {r: r for r in range(n)}
+    go, t0 = threading.Barrier(n), []
+    ends = ranks.run(lambda r: legacy.restart_rank(ranks.clients[r], r, 0, identity, n - 1, go, t0, timeout), timeout)
+    return {"restart_s": max(ends) - t0[0], "store_ops_per_restart": ranks.ops(), "rendezvous0_s": rendezvous0_s}
+
+
+def legacy_heartbeats(ranks: Ranks, interval: float, sample: int = 4) -> dict:
+    """Every rank does the same reads: measure ``sample`` of them, scale to N."""
+    for r in range(ranks.n):
+        ranks.clients[r].add(f"hb/{r}", 1)
+    ranks.reset()
+    t = time.monotonic()
+    for r in range(min(sample, ranks.n)):
+        legacy.heartbeat_ops_per_rank(ranks.clients[r], r, ranks.n)
+    per_rank_s = (time.monotonic() - t) / min(sample, ranks.n)
+    per_rank = ranks.ops() / min(sample, ranks.n)
+    return {"heartbeat_store_ops_per_s": per_rank * ranks.n / interval, "judge_ms": 1000 * per_rank_s}
+
+
+def measure(n: int, protocol: str, a) -> dict:
+    row: dict = {"ranks": n, "protocol": protocol}
+    port = free_port()
+    server = host(port)
+    try:
+        t = time.monotonic()
+        ranks = Ranks(n, port)
+        row["connect_s"] = time.monotonic() - t
+        if protocol == "new":
+            row.update(measure_restart(ranks, a.timeout))
+            row.update(measure_heartbeats(ranks, a.heartbeat_interval))
+            with tempfile.TemporaryDirectory(prefix="nvrx_scale_", dir=a.workdir) as root:
+                row.update(measure_commit(ranks, root, a.timeout))
+        else:
+            if n <= a.legacy_max_ranks:
+                row.update(legacy_restart(ranks, a.timeout))
+            row.update(legacy_heartbeats(ranks, a.heartbeat_interval))
+        if "store_ops_per_restart" in row:
+            row["ops_per_rank"] = row["store_ops_per_restart"] / n
+        del ranks
+    finally:
+        del server
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(prog="python -m nvrx_lab.bench scale", description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", type=int, nargs="+", default=[8, 64, 512, 1024, 4096])
+    ap.add_argument("--protocols", nargs="+", default=["new", "legacy"], choices=["new", "legacy"])
+    ap.add_argument("--legacy-max-ranks", type=int, default=512, help="largest N the legacy restart runs at")
+    ap.add_argument("--heartbeat-interval", type=float, default=0.5, help="s (the Wrapper's default)")
+    ap.add_argument("--timeout", type=float, default=300.0, help="bound on each measured phase, s")
+    ap.add_argument("--workdir", default=None, help="folder for the simulated saves (default: the system's temp)")
+    ap.add_argument("--out", default="build/bench/scale.json")
+    a = ap.parse_args(argv)
+    if min(a.ranks) < 2:
+        ap.error(f"--ranks must be >= 2, got {a.ranks}")
+    rows = []
+    for n in a.ranks:
+        for protocol in a.protocols:
+            t = time.monotonic()
+            try:
+                row = measure(n, protocol, a)
+            except Exception as e:  # a row that fails says why; it is never a silent nan
+                row = {"ranks": n, "protocol": protocol, "error": f"{type(e).__name__}: {e}"[:300]}
+            row["wall_s"] = time.monotonic() - t
+            rows.append(row)
+            print(f"[scale] {n:5d} ranks {protocol:6s} restart {row.get('restart_s', float('nan')):.3f} s, "
+                  f"{row.get('store_ops_per_restart', '-')} store ops; heartbeats {row.get('heartbeat_store_ops_per_s', '-')}"
+                  f" ops/s; commit {row.get('commit_fs_ops_per_save', '-')} fs ops, idle step "
+                  f"{row.get('idle_step_fs_ops', '-')} {row.get('error', '')}", flush=True)
+    report("scale", rows, a.out, "python -m nvrx_lab.bench scale " + shlex.join(argv),
+           extra={"heartbeat_interval_s": a.heartbeat_interval},
+           columns=["ranks", "protocol", "restart_s", "store_ops_per_restart", "ops_per_rank",
+                    "heartbeat_store_ops_per_s", "judge_ms", "commit_fs_ops_per_save", "idle_step_fs_ops",
+                    "rendezvous0_s", "connect_s", "wall_s", "error"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

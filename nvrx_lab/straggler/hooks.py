@@ -1,0 +1,121 @@
+"""The trainer's side of straggler detection: a :class:`~nvrx_lab.hooks.Hooks` built from the flags
+===================================================================================================
+
+``--straggler-interval N`` (0: off), ``--straggler-threshold T``, ``--straggler-action report|restart``.
+:class:`StragglerHooks` installs the :class:`~.timers.ComputeTimer` when an attempt starts, closes a
+step's timing after each step and, every ``N`` steps, asks the :class:`~.detector.Detector` for a
+report. Then:
+
+* rank 0 emits ``straggler_scores`` (every rank's medians and scores per section);
+* a rank named a straggler (below ``T`` in two consecutive reports) emits ``straggler`` about itself
+  (rank, score, section) at each report and, when newly named, prints one ``STRAGGLER`` line;
+* with ``restart``, once a rank is named every rank raises :class:`StragglerDetected` at the same
+  step (an in-process restart, no rank left waiting in a collective), and
+  :meth:`StragglerHooks.health_check` makes the straggler leave at that restart.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from nvrx_lab.hooks import Hooks
+
+from .detector import Detector
+from .scores import Report
+from .timers import ComputeTimer
+
+ACTIONS = ("report", "restart")
+
+
+class StragglerDetected(RuntimeError):
+    """Raised on every rank when a persistent straggler is found (``--straggler-action restart``)."""
+
+
+class StragglerError(RuntimeError):
+    """The straggler's health check: it leaves the job at the restart."""
+
+
+def cpu_group() -> dist.ProcessGroup | None:
+    """The group for the exchange: the default one when it carries CPU tensors (gloo, or
+    ``cpu:gloo,cuda:nccl``), else a new gloo group (a collective: every rank creates it)."""
+    if not dist.is_initialized() or "gloo" in str(dist.get_backend()):
+        return None
+    return dist.new_group(backend="gloo")
+
+
+class StragglerHooks(Hooks):
+    """Times compute, scores every ``interval`` steps, reports (and acts on) stragglers."""
+
+    def __init__(self, interval: int = 10, threshold: float = 0.75, action: str = "report",
+                 emit: Callable[..., None] | None = None, device: torch.device | None = None, patience: int = 2,
+                 clock: str = "cpu"):
+        if action not in ACTIONS:
+            raise ValueError(f"straggler action {action!r} is not one of {', '.join(ACTIONS)}")
+        self.interval, self.threshold, self.action, self.patience = interval, threshold, action, patience
+        self.emit = emit or (lambda kind, **fields: None)
+        self.timer = ComputeTimer(device, clock)
+        self.detector: Detector | None = None
+        self.rank = 0
+        self.unhealthy = ""
+        """Why this rank must leave at the next restart; empty: healthy."""
+        self.overhead_s = 0.0
+        """Seconds this rank spent reporting (gathering, scoring, emitting)."""
+
+    def start(self) -> None:
+        """Each attempt: a fresh detector on the attempt's group (ranks and world size may have changed)."""
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.detector = Detector(self.interval, self.threshold, cpu_group(), patience=self.patience)
+        self.timer.discard()
+        self.timer.install()
+
+    def after_step(self, step: int) -> None:
+        self.timer.end_step()
+        if self.detector is None or not self.detector.due(step):
+            return
+        t0 = time.perf_counter()
+        self.detector.record(self.timer.times())
+        report = self.detector.report(step)
+        self.publish(report)
+        self.overhead_s += time.perf_counter() - t0
+        if self.action == "restart" and report.stragglers:
+            self.act(report)
+
+    def publish(self, report: Report) -> None:
+        if self.rank == 0:
+            self.emit("straggler_scores", step=report.step, relative=report.by_section(report.relative),
+                      individual=report.by_section(report.individual), overhead_s=round(self.overhead_s, 6),
+                      medians_ms={s: [round(m.get(s, 0.0) * 1e3, 4) for m in report.medians] for s in report.medians[0]})
+        for s in report.stragglers:
+            if s.rank != self.rank:
+                continue
+            strikes = self.detector.strikes.get(s.rank, 0)
+            self.emit("straggler", rank=s.rank, step=report.step, score=round(s.score, 4), section=s.section,
+                      individual=round(s.individual, 4), strikes=strikes, threshold=self.threshold,
+                      sections={k: round(v, 4) for k, v in report.relative[s.rank].items()})
+            if strikes == self.patience:
+                print(f"[rank {self.rank}] STRAGGLER rank {s.rank} at step {report.step}: computes at {s.score:.2f} "
+                      f"of the fastest rank's speed (threshold {self.threshold:g}, {strikes} reports in a row; "
+                      f"slowest section {s.section} {report.relative[s.rank][s.section]:.2f}), {s.individual:.2f} of "
+                      "its own best", file=sys.stderr, flush=True)
+
+    def act(self, report: Report) -> None:
+        """``restart``: every rank raises at this step; the straggler is unhealthy at the restart."""
+        why = "; ".join(f"rank {s.rank} compute score {s.score:.2f} < {self.threshold:g} in "
+                        f"{self.detector.strikes[s.rank]} consecutive reports" for s in report.stragglers)
+        if self.rank in {s.rank for s in report.stragglers}:
+            self.unhealthy = f"persistent straggler ({why})"
+        raise StragglerDetected(f"persistent straggler at step {report.step}: {why}")
+
+    def health_check(self, state):
+        """For the in-process wrapper (``health_check=``): a persistent straggler leaves the job."""
+        if self.unhealthy:
+            raise StragglerError(f"rank {self.rank} is a {self.unhealthy}")
+        return state
+
+    def close(self) -> None:
+        self.timer.remove()

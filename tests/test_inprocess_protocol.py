@@ -1,0 +1,161 @@
+"""The in-process restart's store protocol at small N (issue 11): O(1) operations per rank per
+event, a rank dying during the rendezvous, two faults at once, the heartbeat judge, a dead store
+host. Real ``TCPStore`` servers and clients; simulated ranks are threads, as in ``bench scale``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from nvrx_lab.bench._scale_model import CountingClient, Ranks
+from nvrx_lab.inprocess import rendezvous
+from nvrx_lab.inprocess.monitor_process import Judge
+from nvrx_lab.inprocess.rank_assignment import FillGaps, ShiftRanks
+from nvrx_lab.inprocess.store import RestartStore, connect, host
+from nvrx_lab.inprocess.watch import KeyWatch
+from nvrx_lab.net import free_port, wait_for
+
+
+@pytest.fixture
+def store_port():
+    port = free_port()
+    server = host(port)
+    yield port
+    del server
+
+
+def join_all(ranks: Ranks, n: int, previous: dict, policy=None, who=None, timeout: float = 20.0) -> list:
+    policy = policy or ShiftRanks()
+    who = list(previous) if who is None else who
+
+    def one(i: int):
+        if i not in who:
+            return None
+        s = ranks.stores[i]
+        return rendezvous.join(s, n, i, previous, policy, len(previous), lambda key: s.wait(key, timeout))
+
+    return ranks.run(one, timeout + 5)
+
+
+@pytest.mark.timeout(60)
+def test_rendezvous_decides_once_with_constant_operations_per_rank(store_port):
+    ranks = Ranks(8, store_port)
+    identity = {r: r for r in range(8)}
+    results = join_all(ranks, 0, identity)
+    assert all(r == identity for r in results)
+    # arrive (append + add), read the death counter, wait, read the decision; the deciders a few more
+    per_rank = sorted(sum(c.calls.values()) for c in ranks.clients)
+    assert per_rank[0] == 5 and per_rank[-1] <= 10 and sum(per_rank) <= 8 * 6, per_rank
+    assert not any(c.calls["check"] > 1 for c in ranks.clients)  # nobody loops over the others' keys
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_dying_during_the_rendezvous_is_decided_without_it(store_port):
+    """Ranks 0-2 arrive and wait; rank 3 never comes. Its death notice completes the set."""
+    ranks = Ranks(4, store_port)
+    previous = {0: 0, 1: 1, 2: 2, 3: 3}
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.update(r=join_all(ranks, 1, previous, FillGaps(), who=[0, 1, 2])))
+    t.start()
+    announcer = RestartStore(connect("127.0.0.1", store_port))
+    wait_for(lambda: len(announcer.arrived(1)) == 3, 10, "three arrivals")
+    time.sleep(0.2)
+    assert t.is_alive()  # incomplete: they wait (on one key each, not polling)
+    announcer.client.set("rdzv/0/members", '{"members": [0, 1, 2, 3], "assignment": {"0": 0, "1": 1, "2": 2, "3": 3}}')
+    announcer.client.set("attempt", "0")
+    announcer.announce_death(3, "dead", "killed", time.time())
+    assert rendezvous.help_decide(announcer, FillGaps(), 4) is not None
+    t.join(10)
+    assert not t.is_alive()
+    assert out["r"][:3] == [{0: 0, 1: 1, 2: 2}] * 3
+
+
+@pytest.mark.timeout(60)
+def test_two_faults_at_once_end_the_attempt_once_and_both_are_recorded(store_port):
+    stores = [RestartStore(connect("127.0.0.1", store_port)) for _ in range(3)]
+    go = threading.Barrier(2)
+
+    def report(r):
+        go.wait()
+        stores[r].report_fault(0, r, "exception", f"boom on {r}")
+
+    threads = [threading.Thread(target=report, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    stores[2].wait(stores[2].end_key(0), 5)
+    assert stores[2].end(0) == "fault"
+    assert sorted(f["rank"] for f in stores[2].faults(0)) == [0, 1]
+    stores[2].mark_done(0, 2, active=1)  # a late "done" does not turn a failed attempt into a success
+    assert stores[2].end(0) == "fault"
+
+
+@pytest.mark.timeout(60)
+def test_the_last_rank_done_ends_the_attempt_as_done(store_port):
+    stores = [RestartStore(connect("127.0.0.1", store_port)) for _ in range(3)]
+    for r in range(3):
+        assert not stores[r].client.check([stores[r].end_key(4)])
+        stores[r].mark_done(4, r, active=3)
+    assert stores[0].end(4) == "done"
+
+
+@pytest.mark.timeout(60)
+def test_heartbeats_are_judged_once_by_the_store_host(store_port):
+    ranks = Ranks(6, store_port)
+    judge = Judge(6, interval=0.0, timeout=0.3, policy=ShiftRanks())
+    host_store = RestartStore(CountingClient(connect("127.0.0.1", store_port)))
+    assert judge.tick(host_store) == []  # nobody beat yet: nothing judged
+    for r in range(6):
+        ranks.stores[r].beat(r)
+    ranks.reset()
+    judge.tick(host_store)
+    host_store.client.calls.clear()
+    t0 = time.monotonic()
+    declared = []
+    while time.monotonic() - t0 < 5 and not declared:
+        for r in range(5):  # rank 5 and its monitor process are gone (a lost node)
+            ranks.stores[r].beat(r)
+        declared = judge.tick(host_store)
+        time.sleep(0.05)
+    assert declared == [5]
+    assert all(set(c.calls) == {"add"} for c in ranks.clients[:5])  # ranks only beat: they read nothing
+    assert host_store.client.calls["multi_get"] >= 1 and host_store.client.calls["check"] == 0  # one read a tick
+    notice = host_store.deaths([5])[5]
+    assert notice["cause"] == "dead" and "judged by the store host" in notice["detail"]
+    assert host_store.faults(0)[0]["rank"] == 5 and host_store.end(0) == "fault"
+
+
+HOST = """
+import sys, time
+from nvrx_lab.inprocess.store import host
+server = host(int(sys.argv[1]))
+print("up", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_dead_store_host_ends_every_wait_with_an_error():
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-c", HOST, str(port)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "up"
+        watch = KeyWatch(RestartStore(connect("127.0.0.1", port, timeout=2)))
+        watch.start()
+        handle = watch.watch("it/0/end", timeout=30)
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        proc.kill()
+        assert handle.event.wait(20), "the wait outlived the store host"
+        assert handle.error is not None, "a wait on a dead host must fail, not return"
+        print(f"the wait failed {time.monotonic() - t0:.1f} s after the host died: {handle.error}")
+        watch.close()
+        assert not watch.is_alive()
+    finally:
+        proc.kill()
+        proc.wait(10)

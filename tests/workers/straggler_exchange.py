@@ -1,0 +1,48 @@
+"""Two ranks exchange straggler scores; rank 1 dies (SIGKILL) or hangs while rank 0 is inside the exchange.
+
+Run with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set; rank 0 prints one JSON line: how its exchange
+ended (``ok`` or ``error`` with the exception) and how long it took."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import time
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from nvrx_lab.straggler import Detector
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--peer", choices=["die", "hang", "ok"], default="die")
+    parser.add_argument("--timeout", type=float, default=3.0)
+    args = parser.parse_args()
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))  # meeting may be slow on a loaded box
+    group = dist.new_group(backend="gloo", timeout=timedelta(seconds=args.timeout))  # the exchange's bound
+    rank = dist.get_rank()
+    detector = Detector(interval=5, threshold=0.7, group=group)
+    detector.record([{"compute": 0.01, "forward": 0.004, "optimizer": 0.006}] * 5)
+    detector.report(5)  # one good exchange first: the group works
+    if rank == 1 and args.peer != "ok":
+        time.sleep(0.5)  # rank 0 is waiting in the exchange by now
+        if args.peer == "die":
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(3600)
+    t0 = time.perf_counter()
+    try:
+        detector.report(10)
+        outcome = {"outcome": "ok"}
+    except Exception as e:  # what a dead or hung peer does to the exchange
+        outcome = {"outcome": "error", "error": f"{type(e).__name__}: {str(e)[:300]}"}
+    if rank == 0:
+        print(json.dumps({**outcome, "seconds": round(time.perf_counter() - t0, 3)}), flush=True)
+    os._exit(0)  # no teardown with a dead peer
+
+
+if __name__ == "__main__":
+    main()
