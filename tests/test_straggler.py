@@ -10,11 +10,11 @@ import os
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 
 import pytest
 from conftest import ROOT, run_group
 
+from nvrx_lab.bench.straggler import busy_loops
 from nvrx_lab.config import TrainConfig, check_config
 from nvrx_lab.events import last_run, read_events
 from nvrx_lab.faults import parse_schedule
@@ -68,18 +68,6 @@ def test_slow_fault_grammar():
     # a demo worker's own `slow` kind (a legitimate pause) takes no FACTOR and keeps its id
     (pause,) = parse_schedule("1:0:3:slow", kinds=("kill", "slow"), phases=("step",), with_attempts=True)
     assert (pause.factor, pause.id) == (0.0, "1:0:3:slow")
-
-
-@contextmanager
-def busy_loops(n: int = 2):
-    """``n`` processes spinning on the CPU while the block runs (a uniformly loaded machine)."""
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True) for _ in range(n)]
-    try:
-        yield
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait(timeout=10)
 
 
 def _straggler_run(tmp_path, faults: str | None, steps: int, **flags) -> list[dict]:
