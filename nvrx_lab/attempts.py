@@ -93,9 +93,14 @@ def run_inprocess(cfg: TrainConfig, events: EventLog, hooks: Hooks, body: Body) 
         cw.ping()
         return summary
 
+    clean = False
     try:
-        return attempt()
+        summary = attempt()
+        clean = True
+        return summary
     finally:
         hooks.close()
-        if persistent.get("ckpt") is not None:
-            persistent["ckpt"].close()
+        if (ckpt := persistent.get("ckpt")) is not None:
+            if not clean and getattr(ckpt, "local", None):  # the wrapper gave up: a launcher may restart us
+                ckpt.local.close(keep=True)
+            ckpt.close()

@@ -56,6 +56,12 @@ class TrainConfig(ModelConfig):
     ever waits; one taken while the writer starts is held, and a newer one replaces it."""
     ckpt_write_bandwidth: float = 0.0
     """Cap on each rank's write speed in bytes/s, a stand-in for a loaded shared filesystem (0 = no cap)."""
+    local_ckpt_interval: int = 0
+    """Local checkpoints every N steps (0 = off): each rank's state in node memory, replicated to the same local
+    rank of the next node, restored from the nearest copy after a fault (nvrx_lab.checkpoint.local). Needs
+    --ckpt sync|async: storage checkpoints stay the durable fallback."""
+    local_ckpt_dir: str = "/dev/shm/nvrx_lab_local"
+    """Node-local, memory-backed folder of the local checkpoints (one subfolder per checkpoint folder)."""
     restart: Literal["none", "inprocess", "launcher", "launcher+inprocess"] = "none"
     """Recovery: inprocess (restart the training function in the same processes), launcher (heartbeats to
     nvrx_lab.launcher, which replaces dead or hung workers), or both."""

@@ -12,7 +12,8 @@ The moments, in the order an attempt meets them::
     start()                      the process group exists (re-entered on each in-process attempt)
     progress()                   the attempt moved on: model built, state loaded, a step done, waiting well
     section(name)                a context around checkpoint I/O: "checkpoint_load", "checkpoint",
-                                 "checkpoint_commit" (the per-step commit poll), "checkpoint_finalize"
+                                 "checkpoint_commit" (the per-step commit poll), "checkpoint_local" (a
+                                 local snapshot), "checkpoint_finalize"
     during(phase, step)          inside that I/O: "load" once read, "save" once handed over
     on_resume(load_s)            a checkpoint was loaded
     before_step(step)            ...the step runs...   after_step(step), then its save if one is due

@@ -17,10 +17,12 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 from pathlib import Path
 
+from nvrx_lab import runs
 from nvrx_lab.config import TrainConfig, check_config
 from nvrx_lab.dist import DistContext
 from nvrx_lab.events import EventLog
@@ -43,6 +45,7 @@ def check_flags(cfg: TrainConfig, world_size: int = 1) -> None:
         if path.exists() and not path.is_dir():
             raise ValueError(f"--ckpt-dir {path} is a file; pass a folder (it is created if missing)")
         check_ckpt_dir(path)
+    check_local(cfg)
     from nvrx_lab.checkpoint.throttle import check_bandwidth
     check_bandwidth(cfg.ckpt_write_bandwidth, "--ckpt-write-bandwidth")  # 0 (the default) = no cap
     if not 0 < cfg.soft_timeout <= cfg.hard_timeout:
@@ -86,6 +89,17 @@ def check_faults(cfg: TrainConfig, world_size: int) -> None:
                              f"(--steps {cfg.steps}); it would never fire")
 
 
+def check_local(cfg: TrainConfig) -> None:
+    if cfg.local_ckpt_interval < 0:
+        raise ValueError(f"--local-ckpt-interval must be >= 0 steps (0 = off), got {cfg.local_ckpt_interval}")
+    if cfg.local_ckpt_interval and cfg.ckpt == "none":
+        raise ValueError("--local-ckpt-interval needs --ckpt sync|async and --ckpt-dir: storage checkpoints stay "
+                         "the durable fallback (and name the run the local copies belong to)")
+    if cfg.local_ckpt_interval and Path(cfg.local_ckpt_dir).is_file():
+        raise ValueError(f"--local-ckpt-dir {cfg.local_ckpt_dir} is a file; pass a folder in node memory "
+                         "(e.g. /dev/shm/nvrx_lab_local; it is created if missing)")
+
+
 def check_ckpt_dir(path: Path) -> None:
     """Refuse a folder that holds something else than our checkpoints: saving into it would mix them
     (a missing or empty folder starts a new run; one with committed steps resumes). A ``step_*``
@@ -109,8 +123,25 @@ def make_checkpointer(cfg: TrainConfig, ctx: DistContext, events: EventLog):
     from nvrx_lab.checkpoint import AsyncCheckpointer
 
     # The writer process is spawned now (async only), so its start-up overlaps building the model.
-    return AsyncCheckpointer(cfg.ckpt_dir, keep_last=cfg.ckpt_keep, write_bandwidth=cfg.ckpt_write_bandwidth,
-                             process_group=ctx.cpu_group, emit=events.emit, start_writer=cfg.ckpt == "async")
+    storage = AsyncCheckpointer(cfg.ckpt_dir, keep_last=cfg.ckpt_keep, write_bandwidth=cfg.ckpt_write_bandwidth,
+                                process_group=ctx.cpu_group, emit=events.emit, start_writer=cfg.ckpt == "async")
+    if not cfg.local_ckpt_interval:
+        return storage
+    from nvrx_lab.checkpoint.local import LocalCheckpointer
+    from nvrx_lab.checkpoint.tiered import Tiered
+
+    local = LocalCheckpointer(local_ckpt_dir(cfg), run=runs.recorded(cfg).get("nonce", ""), rank=storage.rank,
+                              world=storage.world, local_world=int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+                              group=storage.group, emit=events.emit)
+    return Tiered(storage, local)
+
+
+def local_ckpt_dir(cfg: TrainConfig) -> Path:
+    """This run's folder of local checkpoints: one per checkpoint folder (its path's hash), in node memory.
+    ``{node}`` in ``--local-ckpt-dir`` becomes the node's index (torchrun's ``GROUP_RANK``): nodes simulated on
+    one machine then keep separate memories."""
+    key = hashlib.sha1(str(Path(cfg.ckpt_dir).resolve()).encode()).hexdigest()[:12]
+    return Path(cfg.local_ckpt_dir.replace("{node}", os.environ.get("GROUP_RANK", "0"))) / key
 
 
 FAULTS_FIRED = "faults_fired.jsonl"
@@ -162,8 +193,9 @@ class LauncherHooks(Hooks):
         self.client.send_heartbeat()
 
     def section(self, name: str):
-        # the per-step commit poll is quick and frequent: no section of its own
-        return contextlib.nullcontext() if name == "checkpoint_commit" else _Section(self.client, name)
+        # the per-step commit poll and a local snapshot are quick and frequent: no section of their own
+        quick = name in ("checkpoint_commit", "checkpoint_local")
+        return contextlib.nullcontext() if quick else _Section(self.client, name)
 
     def after_save(self) -> None:
         """After the second save, set timeouts from what was observed (a collective on all ranks).

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -78,6 +79,7 @@ def begin(cfg: TrainConfig, rank: int, restart_count: int, fault_file: Path | No
         if (path := run_file(cfg)) is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             part = path.with_name(path.name + f".{os.getpid()}.part")
-            part.write_text(json.dumps({"run_id": cfg.run_id, **identity(cfg)}))
+            # nonce: what local checkpoints (in node memory, outliving the job) are told apart by
+            part.write_text(json.dumps({"run_id": cfg.run_id, "nonce": uuid.uuid4().hex, **identity(cfg)}))
             os.replace(part, path)
     return new_run

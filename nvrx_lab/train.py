@@ -142,17 +142,16 @@ def train_step(cfg: TrainConfig, ctx: DistContext, events: EventLog, state: Trai
 
 
 def resume(state: TrainState, checkpointer, ctx: DistContext, events: EventLog, hooks: Hooks) -> None:
-    """Load the newest committed checkpoint, if there is one, into ``state``."""
-    if (step := checkpointer.latest_step()) is None:
-        return
+    """Load the newest checkpoint, from the nearest copy that has it, into ``state`` (if there is one)."""
     t0 = time.perf_counter()
     with hooks.section("checkpoint_load"):
-        sd = state.state_dict()
-        checkpointer.load(sd, step=step)
-        hooks.during("load", step)
-        state.load_state_dict(sd)
+        restored = checkpointer.restore(state)
+        if restored is None:
+            return
+        hooks.during("load", restored.step)
     load_s = time.perf_counter() - t0
-    events.emit("resume", step=state.step, load_s=load_s, world_size=ctx.world_size)
+    events.emit("resume", step=state.step, load_s=load_s, world_size=ctx.world_size, source=restored.source,
+                rollback_steps=restored.rollback_steps)
     hooks.on_resume(load_s)
     hooks.progress()
 
@@ -168,12 +167,18 @@ def wait_for_writer(checkpointer, hooks: Hooks, limit_s: float = 120.0) -> None:
 
 
 def checkpoint_step(cfg: TrainConfig, ctx: DistContext, state: TrainState, checkpointer, hooks: Hooks) -> None:
-    """Save on the interval; commit whatever finished (a failed save is reported, training goes on)."""
+    """Save on the intervals (storage, local); commit whatever finished (a failed save is reported, training
+    goes on)."""
+    sd = None
     if state.step % cfg.ckpt_interval == 0:
         with hooks.section("checkpoint"):
-            (checkpointer.save if cfg.ckpt == "sync" else checkpointer.async_save)(state.state_dict(), step=state.step)
+            sd = state.state_dict()
+            (checkpointer.save if cfg.ckpt == "sync" else checkpointer.async_save)(sd, step=state.step)
             hooks.during("save", state.step)
         hooks.after_save()
+    if cfg.local_ckpt_interval and state.step % cfg.local_ckpt_interval == 0:
+        with hooks.section("checkpoint_local"):
+            checkpointer.save_local(sd or state.state_dict(), state.step)
     try:  # in its own section: an in-process restart must not fall between a commit and its event
         with hooks.section("checkpoint_commit"):
             checkpointer.finalize_async_save(blocking=False)

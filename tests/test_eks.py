@@ -109,6 +109,9 @@ def test_validate_reports_every_violation_with_its_path():
     (dict(shm_gib=5000), "shm_gib", "0 (auto) or 1.."),
     (dict(fsx_volume_handle="fs-0123456789abcdef0"), "fsx_dns_name", "required"),
     (dict(image=""), "image", "non-empty"),
+    (dict(local_ckpt_interval=1), "local_ckpt_gib", "3 x each GPU's shard"),
+    (dict(local_ckpt_interval=1, local_ckpt_gib=8, ckpt="none"), "local_ckpt_interval", "fallback"),
+    (dict(local_ckpt_interval=1, local_ckpt_gib=5000), "local_ckpt_gib", "up to half"),
 ])
 def test_bad_spec_raises_naming_the_field_and_what_is_allowed(kw, field, allowed):
     with pytest.raises(ValueError) as err:
@@ -223,6 +226,14 @@ def test_resources_devices_storage_and_scheduling():
     assert pvc["spec"]["volumeName"] == pv["metadata"]["name"] and pv["spec"]["claimRef"]["name"] == pvc["metadata"]["name"]
     small = container_of(render(spec(instance_type="p5en.48xlarge", gpus_per_node=4, efa_per_node=8)))
     assert small["resources"]["limits"]["vpc.amazonaws.com/efa"] == "8" and small["resources"]["limits"]["nvidia.com/gpu"] == "4"
+
+
+def test_local_checkpoints_get_their_flag_and_room_in_dev_shm():
+    ms = render(spec(local_ckpt_interval=1, local_ckpt_gib=48))
+    assert re.search(r"--local-ckpt-interval=1\s+# .*rolls back", script_of(ms))
+    vols = {v["name"]: v for v in job_of(ms)["spec"]["template"]["spec"]["volumes"]}
+    assert vols["shm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "112Gi"}, "64 GiB for NCCL and loaders + 48"
+    assert "--local-ckpt-interval" not in script_of(render(spec())), "off by default: the manifests/ do not change"
 
 
 @pytest.mark.parametrize("mode", list(MODES))

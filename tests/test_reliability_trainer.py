@@ -31,8 +31,8 @@ def test_curve_and_resume_checks_catch_what_they_promise():
 @pytest.mark.timeout(400)
 def test_bad_checkpoint_folders_and_specs_are_refused_and_nothing_changes(tmp_path):
     row = bad_input.bad_input(tmp_path, only=("ckpt dir", "load", "JobSpec", "launcher: YAML typo", "trainer: fault",
-                                                     "trainer: negative"))
-    assert row.trials == 18 and row.ok, row.failures
+                                                     "trainer: negative", "trainer: local"))
+    assert row.trials == 20 and row.ok, row.failures
 
 
 def test_snapshot_sees_a_changed_byte(tmp_path):

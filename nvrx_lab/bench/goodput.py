@@ -9,6 +9,8 @@ Modes (the write-up's comparison, on one machine):
 * ``inprocess`` — ``--restart inprocess``: the training function restarts inside the same processes
   (started by ``nvrx_lab.inprocess.spawn``, which lets the survivors of a lost rank go on)
 * ``launcher+inprocess`` — both: exceptions in-process, dead or frozen processes by the launcher
+* ``MODE+local`` — the same with a local checkpoint every ``--local-ckpt-interval`` steps
+  (:mod:`nvrx_lab.checkpoint.local`): a fault rolls back to the last step instead of the last storage save
 
 Every mode resumes from the same async checkpoints and gets the same deterministic faults.
 """
@@ -29,7 +31,10 @@ from nvrx_lab.net import free_port_pair
 from nvrx_lab.runner import Launcher, Spawn, Torchrun, Worker, head_for, run, trainer
 from nvrx_lab.table import report
 
-MODES = ("baseline", "launcher", "inprocess", "launcher+inprocess")
+RECOVERY = ("baseline", "launcher", "inprocess", "launcher+inprocess")
+MODES = (*RECOVERY, *(f"{m}+local" for m in RECOVERY[1:]))
+"""Every mode; ``baseline`` has no ``+local``: a job torn down and started again loses the nodes' memory."""
+DEFAULT_MODES = (*RECOVERY, "launcher+inprocess+local")
 
 
 def train_worker(args, workdir: Path, mode: str, metrics: Path, faults: str) -> Worker:
@@ -37,18 +42,20 @@ def train_worker(args, workdir: Path, mode: str, metrics: Path, faults: str) -> 
                    metrics=metrics, faults=faults, restart=restart_of(mode), log_every=0, pg_timeout=args.pg_timeout,
                    soft_timeout=args.hang_timeout, hard_timeout=args.hang_timeout * 2, max_iterations=args.faults + 5,
                    step_sleep=args.step_sleep, run_id=f"goodput-{mode}",  # a pod restart continues the run
-                   ckpt_wait_writer=True)  # as on a real job, whose writer is up long before its first interval ends
+                   ckpt_wait_writer=True,  # as on a real job, whose writer is up long before its first interval ends
+                   local_ckpt_interval=args.local_ckpt_interval if mode.endswith("+local") else 0)
 
 
 def restart_of(mode: str) -> str:
     """The trainer's ``--restart`` for a mode (``baseline``: none, Kubernetes restarts the pod)."""
+    mode = mode.removesuffix("+local")
     return {"baseline": "none"}.get(mode, mode)
 
 
 def launch_head(args, mode: str, port: int) -> Torchrun | Launcher | Spawn:
     """The launcher (both launcher modes; min-healthy when in-process restarts handle exceptions), spawn for
     ``inprocess`` (torchrun would stop the survivors of a SIGKILL; spawn lets them go on), else torchrun."""
-    policy = "min-healthy" if mode == "launcher+inprocess" else "any-failed"
+    policy = "min-healthy" if restart_of(mode) == "launcher+inprocess" else "any-failed"
     return head_for(restart_of(mode), args.ranks, port, spawn=True, max_restarts=args.faults + 2, monitor_interval=0.2,
                     heartbeat_timeout=args.hang_timeout, initial_heartbeat_timeout=60, restart_policy=policy)
 
@@ -84,7 +91,8 @@ def run_mode(args, mode: str, faults: str, workdir: Path, label: str | None = No
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m nvrx_lab.bench goodput", description=__doc__.split("\n\n")[0])
-    p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    p.add_argument("--modes", nargs="+", default=list(DEFAULT_MODES), choices=MODES)
+    p.add_argument("--local-ckpt-interval", type=int, default=1, help="steps between local checkpoints (+local modes)")
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--steps", type=int, default=500)
     p.add_argument("--ckpt-interval", type=int, default=20)

@@ -25,7 +25,10 @@ How it works, one module a mechanism:
 * :mod:`.integrity` — checksums, verification, a reader that never unpickles code; :mod:`.loading` —
   the newest step that verifies, fallback past corrupt ones, ``dcp.load`` of it;
 * :mod:`.errors` — what ``finalize_async_save`` and ``load`` raise; :mod:`.checkpointer` — the API,
-  :mod:`.config` — its knobs.
+  :mod:`.config` — its knobs;
+* the second half, local checkpoints: :mod:`.local` — every few steps each rank's shards in node memory,
+  replicated to the next node, restored from the nearest copy; :mod:`.snapshot` — their format;
+  :mod:`.janitor` — what removes a killed job's copies; :mod:`.tiered` — both halves behind one API.
 
 How DCP's collectives are split. ``dcp.save`` gathers plans, writes, then gathers write results for
 the coordinator's ``.metadata``. Here the trainer runs the planning collectively inside

@@ -7,18 +7,16 @@ Timeline of one ``async_save(state, step=s)`` on every rank::
     reader   |                                      post the answer on the completion board (the store)
     rank 0   | finalize_async_save(): every rank posted? (1 store op) -> .metadata, manifest, rename
 
-**A save asked while one is in flight waits** for this rank's writer to finish the previous one (the
-staging buffer is reused, so memory stays at one copy of the state), then proceeds; the wait is
-reported as ``wait_s`` in the ``ckpt_save`` event. There is one writer per rank and one request at a
-time, so there are never two writers on one step; saving a step that is in flight raises.
+**A save asked while one is in flight waits** for this rank's writer to finish the previous one (the staging
+buffer is reused, so memory stays at one copy of the state), then proceeds; the wait is reported as
+``wait_s`` in the ``ckpt_save`` event. One writer per rank, one request at a time: never two writers on a step.
 
-Collectives: ``async_save``, ``save``, ``latest_step`` and ``load`` are collective over the CPU group
-when ``torch.distributed`` is initialised (call them on every rank); ``finalize_async_save`` is not —
-it only polls the local writer and, on rank 0, the completion board (:mod:`.completion`: one store
-operation while a save is pending, none otherwise, never the filesystem). Its errors are raised
-where they are seen (the failing rank, and rank 0 for any rank), so a trainer may catch
-:class:`CheckpointError`, log it and go on: the previous committed checkpoint stays the latest.
-Introduced step by step in ``notebooks/01_async_checkpointing.ipynb``.
+Collectives: ``async_save``, ``save``, ``latest_step``, ``load`` and ``restore`` are collective over the CPU
+group when ``torch.distributed`` is initialised (call them on every rank); ``finalize_async_save`` is not —
+it only polls the local writer and, on rank 0, the completion board (:mod:`.completion`: one store operation
+while a save is pending, none otherwise, never the filesystem). Its errors are raised where they are seen
+(the failing rank, and rank 0 for any rank), so a trainer may catch :class:`CheckpointError`, log it and go
+on: the previous committed checkpoint stays the latest. Built step by step in ``notebooks/01_async_checkpointing.ipynb``.
 """
 
 from __future__ import annotations
@@ -37,6 +35,7 @@ from . import loading
 from .completion import LocalBoard, error_entry, group_board, outcome_entry
 from .config import CheckpointerConfig
 from .errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError, CheckpointWriterDied
+from .loading import Restored
 from .planning import all_gather, broadcast, local_tensors, plan_save
 from .shards import write_live
 from .staging import StagingBuffer, plan_slots
@@ -71,14 +70,9 @@ class AsyncCheckpointer:
         self._closed = False
 
     # ----------------------------------------------------------------- saving
-    @property
-    def writer_pid(self) -> int | None:
-        """PID of this rank's writer process (for fault-injection tests and notebooks)."""
-        return self._writer.pid if self._writer else None
-
-    @property
-    def _in_flight(self) -> dict | None:
-        return self._writer.in_flight if self._writer else None
+    writer_pid = property(lambda self: self._writer.pid if self._writer else None,
+                          doc="PID of this rank's writer process (for fault-injection tests and notebooks).")
+    _in_flight = property(lambda self: self._writer.in_flight if self._writer else None)
 
     def start(self, timeout: float = 120.0) -> AsyncCheckpointer:
         """Start the writer now and wait until it is ready (optional: ``async_save`` starts it on demand)."""
@@ -167,6 +161,15 @@ class AsyncCheckpointer:
         return loading.latest_step(self.root, self.config.verify == "full", self.rank, self.group, self.world,
                                    self._fallback)
 
+    def restore(self, state) -> Restored | None:
+        """Load the newest committed step into ``state`` (DCP's ``Stateful``: ``state_dict()`` is asked only
+        when there is one, ``load_state_dict`` gets it filled); collective. None: nothing to restore."""
+        if (step := self.latest_step()) is not None:
+            self.load(sd := state.state_dict(), step=step)
+            state.load_state_dict(sd)
+            return Restored(step, "storage")
+        return None
+
     def load(self, state_dict: dict, step: int | None = None) -> int:
         """Load ``step`` (default: :meth:`latest_step`) into ``state_dict`` in place; returns the step."""
         t0 = time.monotonic()
@@ -223,11 +226,8 @@ class AsyncCheckpointer:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is KeyboardInterrupt:
-            self.abandon()
-            return
         try:
-            self.close()
+            self.abandon() if exc_type is KeyboardInterrupt else self.close()
         except CheckpointError:
             if exc_type is None:
                 raise

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch.distributed.checkpoint as dcp
@@ -18,6 +19,19 @@ from . import commit as cm
 from .errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError
 from .integrity import SafeLoadPlanner, SafeReader, read_metadata, verify
 from .planning import broadcast
+
+
+@dataclass
+class Restored:
+    """What a resume restored, and from where."""
+
+    step: int
+    source: str
+    """``storage`` (a committed checkpoint), or a local copy (:mod:`.local`): ``memory`` (this process's
+    own), ``local`` (a file on this node, left by the process before) or ``peer`` (the next node's replica)."""
+    rollback_steps: int | None = None
+    """Steps between the newest step known to have been reached (snapshotted) and the one restored; None
+    when unknown (no local checkpoints: ``nvrx_lab.goodput`` counts it from the events)."""
 
 
 def latest_step(root: Path, full: bool, rank: int, group, world: int,

@@ -27,6 +27,7 @@ one — the "a save waits" policy of :class:`~nvrx_lab.checkpoint.AsyncCheckpoin
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import mmap
 import os
@@ -82,6 +83,28 @@ def slot_view(buf: mmap.mmap, slot: Slot) -> torch.Tensor:
     return torch.frombuffer(buf, dtype=dtype, count=slot.numel, offset=slot.offset).view(slot.shape)
 
 
+def sweep_dead_regions(folder: str) -> list[str]:
+    """Remove regions left by processes that are gone (``nvrx_ckpt_<pid>_…``, a trainer SIGKILLed between
+    creating its region and its writer mapping it); a region whose pid is alive is never touched."""
+    removed = []
+    for name in os.listdir(folder):
+        parts = name.split("_")
+        if len(parts) < 4 or parts[:2] != ["nvrx", "ckpt"] or not parts[2].isdigit():
+            continue
+        try:
+            os.kill(int(parts[2]), 0)
+        except ProcessLookupError:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(folder, name))
+                removed.append(name)
+        except PermissionError:  # alive, someone else's
+            pass
+    return removed
+
+
+_swept = False
+
+
 def shm_dir() -> str:
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
 
@@ -89,9 +112,11 @@ def shm_dir() -> str:
 class StagingBuffer:
     """A reusable shared-memory region; :meth:`stage` copies tensors in and returns their slots."""
 
-    def __init__(self, tag: str = "", pin: bool | None = None):
+    def __init__(self, tag: str = "", pin: bool | None = None, path: str | None = None):
         self.tag = tag
         self.pin = torch.cuda.is_available() if pin is None else pin
+        self.fixed = path
+        """A named region that outlives this process (local checkpoints): never unlinked but by :meth:`unlink`."""
         self.path: str | None = None
         self.capacity = 0
         self._mm: mmap.mmap | None = None
@@ -104,9 +129,13 @@ class StagingBuffer:
             return False
         self.release()
         self.capacity = max(nbytes, ALIGN)
-        self.path = os.path.join(shm_dir(), f"nvrx_ckpt_{os.getpid()}_{self.tag}_{uuid.uuid4().hex[:8]}")
+        global _swept
+        if not self.fixed and not _swept:  # once a process: what killed trainers left in this folder
+            sweep_dead_regions(shm_dir())
+            _swept = True
+        self.path = self.fixed or os.path.join(shm_dir(), f"nvrx_ckpt_{os.getpid()}_{self.tag}_{uuid.uuid4().hex[:8]}")
         self._unlinked = False
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | (os.O_TRUNC if self.fixed else os.O_EXCL), 0o600)
         try:
             os.ftruncate(fd, self.capacity)
             self._mm = mmap.mmap(fd, self.capacity)
@@ -132,10 +161,15 @@ class StagingBuffer:
             whole.zero_()
             del whole
 
-    def stage(self, tensors: list[torch.Tensor]) -> list[Slot]:
-        """Copy ``tensors`` (any device, stride, dtype) into the buffer; returns once the copies are done."""
+    @property
+    def region(self) -> mmap.mmap | None:
+        return self._mm
+
+    def stage(self, tensors: list[torch.Tensor], reserve: int = 0) -> list[Slot]:
+        """Copy ``tensors`` (any device, stride, dtype) into the buffer, leaving ``reserve`` bytes free after
+        them; returns once the copies are done."""
         slots, total = plan_slots(tensors)
-        self.ensure(total)
+        self.ensure(total + reserve)
         any_cuda = False
         for t, slot in zip(tensors, slots, strict=True):
             if slot.numel == 0:
@@ -174,6 +208,8 @@ class StagingBuffer:
             except BufferError:  # a view is still alive somewhere; the OS frees it at exit
                 pass
             self._mm = None
+        if self.fixed:  # the file stays for the next process (or the peer): only unlink() removes it
+            self._unlinked = True
         self.unlink()
         self.path, self._unlinked = None, False
         self.capacity = 0

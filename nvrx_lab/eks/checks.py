@@ -27,6 +27,7 @@ SECRETISH = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_KEY|ACCESS_
 SECTION = re.compile(r"^[a-z][a-z0-9_]*$")
 FSX_ID = re.compile(r"^fs-[0-9a-f]{8,17}$")
 MANAGED_TRAIN_FLAGS = ("--steps", "--seed", "--global-batch", "--metrics", "--ckpt", "--ckpt-interval", "--ckpt-dir",
+                       "--local-ckpt-interval",
                        "--restart", "--faults")
 RESERVED_ENV = ("JOB_COMPLETION_INDEX", "NNODES", "NPROC_PER_NODE", "RANK0_HOST", "MASTER_PORT", "RDZV_PORT", "RUN_DIR",
                 "LAUNCHER_CONFIG", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")
@@ -94,6 +95,19 @@ def _check_storage(s: JobSpec) -> None:
         _fail("mount_path", f"{s.mount_path!r}; allowed: an absolute path outside /, /dev, /proc, /sys and /etc")
 
 
+def _check_local(s: JobSpec) -> None:
+    if s.local_ckpt_interval < 0:
+        _fail("local_ckpt_interval", f"{s.local_ckpt_interval}; allowed: 0 (off) or >= 1 steps")
+    if s.local_ckpt_interval and s.ckpt_mode == "none":
+        _fail("local_ckpt_interval", "needs ckpt sync or async: checkpoints on FSx stay the durable fallback")
+    if s.local_ckpt_interval and s.local_ckpt_gib < 1:
+        _fail("local_ckpt_gib", f"{s.local_ckpt_gib}; allowed: >= 1 with local_ckpt_interval: 3 x each GPU's shard of "
+                                "the training state x GPUs per pod")
+    mem = pod_resources(instance_type(s.instance_type))[1]
+    if s.shm > mem // 2:
+        _fail("local_ckpt_gib", f"/dev/shm would take {s.shm} GiB of the pod's {mem} GiB; allowed: up to half of it")
+
+
 def _check_training(s: JobSpec) -> None:
     """The trainer's flags: steps, batch, checkpoints, faults, extra flags and module."""
     if s.steps < 1:
@@ -106,6 +120,7 @@ def _check_training(s: JobSpec) -> None:
         _fail("ckpt", f"{s.ckpt!r}; allowed: '' (the mode's default: {s.mode_info.ckpt}), none, sync, async")
     if s.ckpt_interval < 0 or (s.ckpt_interval == 0 and s.ckpt_mode != "none"):
         _fail("ckpt_interval", f"{s.ckpt_interval}; allowed: >= 1 (or ckpt='none')")
+    _check_local(s)
     _check_faults(s, world)
     for flag in s.train_extra:
         if flag.split("=")[0] in MANAGED_TRAIN_FLAGS:

@@ -68,7 +68,8 @@ def train_worker(s: JobSpec) -> Worker:
     """What every worker of the pod runs: ``-m <train_module>`` with the JobSpec's flags, then ``train_extra``."""
     return Worker.of(s.train_module, *s.train_extra, steps=s.steps, seed=s.seed, global_batch=s.batch,
                      metrics="${RUN_DIR}/metrics.jsonl", run_id=s.name, ckpt=s.ckpt_mode, ckpt_interval=s.ckpt_interval,
-                     ckpt_dir="${RUN_DIR}/ckpt", restart=s.mode_info.restart, faults=s.faults or None)
+                     ckpt_dir="${RUN_DIR}/ckpt", local_ckpt_interval=s.local_ckpt_interval or None,
+                     restart=s.mode_info.restart, faults=s.faults or None)
 
 
 def _launcher_why(s: JobSpec) -> dict[str, str]:
@@ -115,6 +116,8 @@ def trainer_flags(s: JobSpec) -> list[Flag]:
         "--ckpt": {"none": "no checkpoints", "sync": "blocking saves", "async": "saves overlap training"}[s.ckpt_mode],
         "--ckpt-interval": "steps between checkpoints",
         "--ckpt-dir": "shared by all nodes (FSx), so any pod can resume",
+        "--local-ckpt-interval": "a snapshot in /dev/shm every N steps, replicated to the next node: a fault rolls back "
+                                 "at most N steps",
         "--restart": m.summary,
         "--faults": "injected faults RANK:STEP:KIND[:PHASE], each fires once",
     }

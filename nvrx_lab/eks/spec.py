@@ -63,6 +63,12 @@ class JobSpec:
     """Trainer ``--ckpt`` (none, sync, async); empty: the mode's default."""
     ckpt_interval: int = 100
     """Trainer ``--ckpt-interval`` (steps between checkpoints)."""
+    local_ckpt_interval: int = 0
+    """Trainer ``--local-ckpt-interval``: every N steps each rank's state in ``/dev/shm``, replicated to the same GPU of
+    the next node, so a fault rolls back at most N steps (0 = off; needs checkpoints on FSx as the fallback)."""
+    local_ckpt_gib: int = 0
+    """GiB of ``/dev/shm`` for the local checkpoints, on top of ``shm_gib``: 3 x each GPU's shard of the training state
+    (two own copies and one replica) x GPUs per pod. Required with ``local_ckpt_interval``."""
     faults: str = ""
     """Trainer ``--faults`` schedule ``RANK:STEP:KIND[:PHASE],…`` (:func:`nvrx_lab.faults.parse_schedule`); each
     RANK below nodes x GPUs, each STEP in 1..steps (empty: no injected faults)."""
@@ -145,7 +151,9 @@ class JobSpec:
 
     @property
     def shm(self) -> int:
-        return self.shm_gib or max(1, min(64, self.cpu_memory[1] // 4))
+        """The memory-backed ``/dev/shm``'s size limit in GiB: NCCL and dataloaders', plus the local checkpoints'."""
+        local = self.local_ckpt_gib if self.local_ckpt_interval else 0
+        return (self.shm_gib or max(1, min(64, self.cpu_memory[1] // 4))) + local
 
     @property
     def rank0_host(self) -> str:

@@ -97,6 +97,13 @@ def _fresh_events(folder: Path) -> Path:
     return ev
 
 
+def least(samples: list[dict | None]) -> dict | None:
+    """The per-key minimum of the ``resources`` events of a window of attempts (None if one is missing)."""
+    if not samples or any(x is None for x in samples):
+        return None
+    return {key: min(x[key] for x in samples) for key in ("threads", "fds", "rss_mb")}
+
+
 def _median(xs: list[float]) -> float | None:
     return round(statistics.median(xs), 3) if xs else None
 
@@ -117,7 +124,8 @@ def inprocess_soak(work: Path, restarts: int = 100) -> Row:
     work = Path(work)
     ev = _fresh_events(work)
     row = Row(f"in-process: {restarts} restarts in the same processes",
-              "every restart logged by both ranks; threads and fds flat, RSS <= +5 % (attempt 5 vs last); "
+              "every restart logged by both ranks; threads and fds flat, RSS <= +5 % (least of attempts 5-9 vs "
+              "of the last 5); "
               "the limit stops the job; error lines not repeated per restart; no process left")
     with timed(row):
         limit = 60 + 1.5 * restarts
@@ -134,12 +142,15 @@ def inprocess_soak(work: Path, restarts: int = 100) -> Row:
         early, last = min(5, restarts // 2), restarts
         first_last = {}
         for rank in (0, 1):
-            a, b = res.get((rank, early)), res.get((rank, last))
+            # a leak grows with restarts, so it shows in the least count of a few attempts; one sample can
+            # catch a connection in passing (rank 0 hosts the store: a peer's old client not yet reaped)
+            w = max(1, min(5, (last - early + 1) // 2))
+            a, b = (least([res.get((rank, i)) for i in range(lo, lo + w)]) for lo in (early, last - w + 1))
             first_last[rank] = (a, b)
             for key, ok in (("threads", lambda x, y: y == x), ("fds", lambda x, y: y == x),
                             ("rss_mb", lambda x, y: y <= x * 1.05)):
                 row.check(a is not None and b is not None and ok(a[key], b[key]),
-                          f"rank {rank} {key}: attempt {early} {a and a[key]} -> attempt {last} {b and b[key]}")
+                          f"rank {rank} {key}: attempts {early}+ {a and a[key]} -> attempts ..{last} {b and b[key]}")
         stopped = (run["rc"] not in (None, 0) and f"gave up: max_iterations={restarts + 1} reached" in run["log"]
                    and f"restarts ({restarts + 1}):" in run["log"])
         row.check(stopped, f"expected the limit to stop the job; exit {run['rc']}: {_tail(run['log'])}")

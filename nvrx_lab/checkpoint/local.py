@@ -1,0 +1,295 @@
+"""Local checkpoints: this rank's state in node memory every few steps, replicated to a peer node.
+
+The storage checkpoint (:class:`~.checkpointer.AsyncCheckpointer`) is the durable restore point, but it
+is written every tens of steps, and a fault rolls back to it. A *local* checkpoint is cheap enough to take
+every step: each rank copies its own shards into a region in node-local shared memory (:mod:`.snapshot`,
+the staging of :mod:`.staging`) and returns; a background thread checksums it and commits its manifest;
+the region is sent to one peer on another node, over the CPU group, while training goes on::
+
+    rank r   stage (copy)  | return ... thread: CRC32, manifest  ...
+             isend -> rank r + local_world (the same local rank on the next node)
+             irecv <- rank r - local_world, into the replica region; its manifest once received
+
+Every copy outlives something else: the process's own (``memory``) an in-process restart; the files in
+``<dir>`` (``local``) the death of the process, for the worker the launcher starts in its place; the
+replica on the next node (``peer``) the loss of this node. :meth:`LocalCheckpointer.restore` agrees with
+every rank on the newest step *all* ranks can restore from some copy (one ``all_gather`` of a few
+numbers a rank), fetches what a replaced node lacks from the peers that hold it (one ``isend``/``irecv``
+pair a rank that needs it), and fills the state in place; older storage wins only when it is newer.
+
+**Memory bound**: two own regions, each with its manifest (``rank<r>.<0|1>.data|json``): a save
+overwrites the older one, so the newest stays restorable while the next is written, and ranks that
+stopped one save apart still share a step. One replica region, overwritten in place (its manifest
+removed first): a node lost mid-replication falls back to a step both copies hold, or to storage. A save
+waits for the previous one's background work (checksum, replication), so at most one is in flight.
+
+**Cleanliness**: a clean :meth:`close` removes this rank's files (the last rank on the node the folder);
+a failed process leaves them for its replacement; a whole job SIGKILLed leaves them to the node's
+:mod:`.janitor`, which removes the folder once no process of the run has held it for a grace period.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from . import janitor
+from . import snapshot as snap
+from .loading import Restored
+from .planning import all_gather
+from .staging import StagingBuffer, open_region
+
+HEADER, DATA, FETCH = 7301, 7302, 7303
+"""Tags of the replication's messages (header: step, length, meta offset, meta size; then the region)."""
+GRACE_S = float(os.environ.get("NVRX_LAB_LOCAL_GRACE_S", 120))
+
+
+class LocalCheckpointer:
+    """Snapshots of one rank in node-local memory, replicated to the next node (see the module docs)."""
+
+    def __init__(self, directory, run: str, rank: int = 0, world: int = 1, local_world: int = 1, group=None,
+                 emit=None):
+        self.dir = Path(directory)
+        self.run, self.local_world = run, max(1, local_world)
+        self.emit = emit or (lambda kind, **fields: None)
+        self._alive = janitor.hold(str(self.dir))
+        janitor.start(str(self.dir), GRACE_S)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="nvrx-local", initializer=background_priority)
+        self._replica_job = None  # the received replica's checksum and manifest
+        self._job = None  # (slot, future) of the newest save's background commit
+        self._works: list = []  # this round's replication messages in flight
+        self._pending_replica: dict | None = None
+        self.reached = 0
+        self.bind(group, rank, world)
+
+    # ------------------------------------------------------------------ saving
+    def bind(self, group, rank: int, world: int) -> None:
+        """Use ``group`` (a new one after an in-process restart; ranks may have moved)."""
+        self._drop_round()
+        same = (getattr(self, "rank", None), getattr(self, "world", None)) == (rank, world)
+        if hasattr(self, "_slots") and not same:  # ranks moved: the copies describe another world
+            self._release(remove=True)
+        self.group, self.rank, self.world = group, rank, world
+        self.peer = (rank + self.local_world) % world if world > self.local_world else None
+        self.source = (rank - self.local_world) % world if self.peer is not None else None
+        if same:  # an in-process restart in the same place: this process's copies stay valid (``memory``)
+            return
+        self._slots = [StagingBuffer(tag="local", path=str(self._own(i))) for i in (0, 1)]
+        self._replica = StagingBuffer(tag="replica", path=str(self.dir / "replica.data"))
+        self._committed: dict[int, dict] = {}  # slot -> manifest of a snapshot this process committed
+        self._newest = 1  # the slot of the newest snapshot: a save writes the other one
+
+    def save(self, state_dict: dict, step: int) -> float:
+        """Stage ``state_dict`` over the older of the two snapshots and return; returns the seconds it blocked."""
+        t0 = time.monotonic()
+        self.wait()
+        tensors, meta, total = snap.layout(state_dict)
+        slot = self._newest ^ 1
+        self._committed.pop(slot, None)
+        self._manifest(slot).unlink(missing_ok=True)  # its old snapshot is about to be overwritten
+        buf = self._slots[slot]
+        buf.stage(tensors, reserve=len(meta))
+        buf.region[total:total + len(meta)] = meta
+        manifest = {"run": self.run, "step": step, "world": self.world, "rank": self.rank,
+                    "file": self._own(slot).name, "length": total + len(meta), "meta": [total, len(meta)]}
+        self._job = (slot, self._pool.submit(commit, buf.region, manifest, self._manifest(slot)))
+        self._newest = slot
+        if self.peer is not None:
+            self._start_round(buf.region, manifest)
+        self.reached = max(self.reached, step)
+        return time.monotonic() - t0
+
+    def poll(self) -> None:
+        """Progress replication without blocking (call once a step)."""
+        if self._works:
+            self._advance(block=False)
+
+    def wait(self) -> None:
+        """Until the newest save is committed here and at the peer."""
+        if self._job is not None:
+            slot, future = self._job
+            self._job = None
+            self._committed[slot] = future.result()
+        while self._works:
+            self._advance(block=True)
+        self._replica_done()
+
+    def _replica_done(self) -> None:
+        if self._replica_job is not None:
+            self._replica_job, job = None, self._replica_job
+            job.result()
+
+    # ------------------------------------------------------------- replication
+    def _start_round(self, region, manifest: dict) -> None:
+        header = torch.tensor([manifest["step"], manifest["length"], *manifest["meta"]], dtype=torch.int64)
+        self._header_in = torch.zeros(4, dtype=torch.int64)
+        data = torch.frombuffer(region, dtype=torch.uint8, count=manifest["length"])
+        # receives first: a blocking wait must post the data receive before it waits on its own data send
+        self._works = [("header", dist.irecv(self._header_in, group=self.group, group_src=self.source, tag=HEADER)),
+                       ("send", dist.isend(header, group=self.group, group_dst=self.peer, tag=HEADER)),
+                       ("send", dist.isend(data, group=self.group, group_dst=self.peer, tag=DATA))]
+
+    def _advance(self, block: bool) -> None:
+        """Complete what has arrived: on the header post the data receive, on the data commit the replica."""
+        for item in list(self._works):
+            what, work = item
+            if not block and not work.is_completed():
+                continue
+            work.wait()
+            self._works.remove(item)
+            if what == "header":
+                self._receive_data(*self._header_in.tolist())
+            elif what == "data":
+                self._replica_job = self._pool.submit(commit, self._replica.region, self._pending_replica,
+                                                      self.dir / "replica.json")
+                self._pending_replica = None
+
+    def _receive_data(self, step: int, length: int, meta_at: int, meta_len: int) -> None:
+        self._replica_done()  # the previous replica's checksum may still read the region
+        (self.dir / "replica.json").unlink(missing_ok=True)  # the region is about to change
+        self._replica.ensure(length)
+        into = torch.frombuffer(self._replica.region, dtype=torch.uint8, count=length)
+        self._pending_replica = {"run": self.run, "step": step, "world": self.world, "rank": self.source,
+                                 "file": "replica.data", "length": length, "meta": [meta_at, meta_len]}
+        self._works.insert(0, ("data", dist.irecv(into, group=self.group, group_src=self.source, tag=DATA)))
+
+    def _drop_round(self) -> None:
+        """An aborted attempt's messages: their group is gone; the replica they were filling is invalid."""
+        if self._works or self._pending_replica:
+            (self.dir / "replica.json").unlink(missing_ok=True)
+        self._works, self._pending_replica = [], None
+        self._replica_done()
+        if self._job is not None:
+            slot, future = self._job
+            self._job = None
+            try:
+                self._committed[slot] = future.result()
+            except OSError as e:
+                print(f"[rank {self.rank}] local snapshot not committed: {e}", file=sys.stderr, flush=True)
+
+    # --------------------------------------------------------------- restoring
+    def restore(self, state, storage_step: int | None) -> Restored | None:
+        """Collective: load ``state`` (a ``Stateful``) from the newest step every rank can restore from a
+        local copy, unless ``storage_step`` is newer (then None: load storage). Bad copies are skipped, logged."""
+        self.wait()
+        own = [c for c in (self._candidate(slot) for slot in (0, 1)) if c is not None]
+        replica = self._candidate(None)
+        plain = replica and {k: v for k, v in replica.items() if k not in ("region", "slot")}
+        known = max([self.reached, *(c["step"] for c in own), *([replica["step"]] if replica else [])])
+        table = all_gather(([c["step"] for c in own], plain, known), self.group, self.world)
+        step = agreed_step(table, self.local_world)
+        reached = max(row[2] for row in table)
+        self.reached = reached
+        if step is None or (storage_step is not None and step < storage_step):
+            return None
+        source, region, manifest = self._gather_copy(table, step, own, replica)
+        state_dict = state.state_dict()
+        snap.fill(state_dict, region, manifest)
+        state.load_state_dict(state_dict)
+        return Restored(step, source, max(0, reached - step))
+
+    def _candidate(self, slot: int | None) -> dict | None:
+        """Own snapshot ``slot`` (None: the replica held for the previous node), checked; None, logged, if unusable."""
+        if slot in self._committed:
+            return {**self._committed[slot], "region": self._slots[slot].region, "source": "memory", "slot": slot}
+        path = self.dir / "replica.json" if slot is None else self._manifest(slot)
+        try:
+            if (manifest := snap.read_manifest(path)) is None:
+                return None
+            region = open_region(str(self.dir / manifest["file"]))
+            snap.check(manifest, region, run=self.run, world=self.world, rank=self.rank if slot is not None else self.source)
+        except (snap.SnapshotError, OSError, KeyError) as e:
+            self.emit("local_ckpt_skipped", copy=str(path), reason=str(e))
+            print(f"[rank {self.rank}] local checkpoint {path} skipped: {e}", file=sys.stderr, flush=True)
+            return None
+        return {**manifest, "region": region, "source": "local" if slot is not None else "peer", "slot": slot}
+
+    def _gather_copy(self, table: list, step: int, own: list[dict], replica: dict | None):
+        """This rank's copy of ``step``: its own, or the replica its peer sends (kept as its own from then on)."""
+        needs = [r for r, row in enumerate(table) if step not in row[0]]
+        works = []
+        if replica is not None and replica["rank"] in needs:
+            data = torch.frombuffer(replica["region"], dtype=torch.uint8, count=replica["length"])
+            works.append(dist.isend(data, group=self.group, group_dst=self.peer, tag=FETCH))
+        if self.rank in needs:
+            manifest = table[self.peer][1]
+            slot = self._newest ^ 1
+            self._committed.pop(slot, None)
+            self._slots[slot].ensure(manifest["length"])
+            into = torch.frombuffer(self._slots[slot].region, dtype=torch.uint8, count=manifest["length"])
+            works.append(dist.irecv(into, group=self.group, group_src=self.peer, tag=FETCH))
+        for work in works:
+            work.wait()
+        if self.rank not in needs:
+            mine = next(c for c in own if c["step"] == step)
+            self._newest = mine["slot"]  # the next save keeps it
+            return mine["source"], mine["region"], mine
+        region = self._slots[slot].region
+        snap.check(manifest, region, run=self.run, world=self.world, rank=self.rank)
+        self._committed[slot] = {**manifest, "file": self._own(slot).name}
+        snap.write_manifest(self._manifest(slot), self._committed[slot])
+        self._newest = slot
+        return "peer", region, manifest
+
+    # ---------------------------------------------------------------- closing
+    def close(self, keep: bool = False) -> None:
+        """Stop; remove this rank's copies unless ``keep`` (a failed process: its replacement restores)."""
+        if self._alive is None:
+            return
+        try:
+            if not keep:
+                self.wait()
+        finally:
+            self._pool.shutdown(wait=True)
+            self._release(remove=not keep)
+            os.close(self._alive)
+            self._alive = None
+            if not keep:
+                janitor.remove_if_unheld(str(self.dir))
+
+    def _release(self, remove: bool) -> None:
+        for buf in (*self._slots, self._replica):
+            buf.release()
+        if remove:
+            for path in (self._own(0), self._own(1), self._manifest(0), self._manifest(1),
+                         self.dir / "replica.data", self.dir / "replica.json"):
+                path.unlink(missing_ok=True)
+
+    def _own(self, slot: int) -> Path:
+        return self.dir / f"rank{self.rank}.{slot}.data"
+
+    def _manifest(self, slot: int) -> Path:
+        return self.dir / f"rank{self.rank}.{slot}.json"
+
+
+def background_priority() -> None:
+    """The checksum thread runs at the lowest CPU priority (Linux: a thread's own nice value), so it takes
+    what training leaves; a save waits for it only if the next one comes first."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):
+        pass
+
+
+def commit(region, manifest: dict, path: Path) -> dict:
+    """Checksum the snapshot in ``region`` and write its manifest: from now on it can be restored."""
+    manifest = {**manifest, "crc32": snap.crc32(region, manifest["length"])}
+    snap.write_manifest(path, manifest)
+    return manifest
+
+
+def agreed_step(table: list, local_world: int) -> int | None:
+    """The newest step every rank can restore: one of its own copies, or the replica its peer holds of it."""
+    world, common = len(table), None
+    for r, (own, _, _) in enumerate(table):
+        replica = table[(r + local_world) % world][1] if world > local_world else None
+        steps = set(own) | ({replica["step"]} if replica and replica["rank"] == r else set())
+        common = steps if common is None else common & steps
+    return max(common) if common else None

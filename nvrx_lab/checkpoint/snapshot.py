@@ -1,0 +1,134 @@
+"""A rank's snapshot in node memory: one region file and a manifest, the format of :mod:`.local`.
+
+A *snapshot* is this rank's part of a state dict as it is in memory, nothing more: each tensor leaf's
+local data (a DTensor's local shard; no resharding, no DCP plan) and every other leaf by value::
+
+    <dir>/<name>.data   the region: tensors in 64-byte aligned slots (:mod:`.staging`), then ``meta``
+    <dir>/<name>.json   the manifest, written last (temporary name, then rename): run, step, world,
+                        rank, the region's file and length, its CRC32, where ``meta`` lies
+
+``meta`` is ``torch.save`` of the layout: the tensor leaves' paths and slots and the other leaves' paths
+and values, read back with ``weights_only=True`` (no code runs on load). A snapshot is valid only for the
+same state-dict structure, shapes and dtypes: :func:`fill` refuses any other (another model, or another
+world size, which shards differently) naming the first leaf that differs, and writes nothing before it
+has checked every leaf.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import zlib
+from pathlib import Path
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from .staging import plan_slots, slot_view
+
+CHUNK = 8 << 20
+
+
+class SnapshotError(ValueError):
+    """A snapshot that cannot be restored here; the message says why (the copy is skipped, not fatal)."""
+
+
+def leaves(obj, path: tuple = ()):
+    """``(path, value)`` of every leaf of nested dicts and lists (tuples are leaves)."""
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            yield from leaves(value, (*path, key))
+    elif isinstance(obj, list):
+        for i, value in enumerate(obj):
+            yield from leaves(value, (*path, i))
+    else:
+        yield path, obj
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def layout(state_dict: dict) -> tuple[list[torch.Tensor], bytes, int]:
+    """The tensors to stage, the serialised ``meta`` (slots and non-tensor leaves), and the tensors' bytes."""
+    tensors, paths, objects = [], [], []
+    for path, value in leaves(state_dict):
+        if isinstance(value, torch.Tensor):
+            tensors.append(local(value))
+            paths.append(path)
+        else:
+            objects.append((path, value))
+    slots, total = plan_slots(tensors)
+    meta = [(path, (s.offset, s.numel, s.dtype, s.shape)) for path, s in zip(paths, slots, strict=True)]
+    buf = io.BytesIO()
+    torch.save({"tensors": meta, "objects": objects}, buf)
+    return tensors, buf.getvalue(), total
+
+
+def crc32(region, length: int) -> int:
+    """CRC32 of ``region[:length]`` (zlib releases the GIL, so a background thread does not stall training)."""
+    view, crc = memoryview(region), 0
+    for off in range(0, length, CHUNK):
+        crc = zlib.crc32(view[off:min(off + CHUNK, length)], crc)
+    view.release()
+    return crc
+
+
+def write_manifest(path: Path, manifest: dict) -> None:
+    """Atomically: a reader sees the previous manifest or this one, never a torn one."""
+    part = path.with_name(path.name + ".part")
+    part.write_text(json.dumps(manifest))
+    os.replace(part, path)
+
+
+def read_manifest(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, json.JSONDecodeError) as e:
+        raise SnapshotError(f"{path}: unreadable manifest ({e})") from e
+
+
+def check(manifest: dict, region, *, run: str, world: int, rank: int) -> None:
+    """Raise :class:`SnapshotError` unless ``region`` holds ``manifest``'s snapshot of this run, world and rank."""
+    if manifest.get("run") != run:
+        raise SnapshotError(f"belongs to another run ({manifest.get('run')!r}, this run is {run!r})")
+    if manifest.get("world") != world:
+        raise SnapshotError(f"taken at world size {manifest.get('world')}, this world has {world} ranks")
+    if manifest.get("rank") != rank:
+        raise SnapshotError(f"holds rank {manifest.get('rank')}'s state, not rank {rank}'s")
+    if len(region) < manifest["length"]:
+        raise SnapshotError(f"region is {len(region)} B, the manifest says {manifest['length']} B (truncated)")
+    if crc32(region, manifest["length"]) != manifest["crc32"]:
+        raise SnapshotError("CRC32 mismatch (corrupted)")
+
+
+def fill(state_dict: dict, region, manifest: dict) -> None:
+    """Copy the snapshot in ``region`` into ``state_dict`` in place (tensors) and by value (the rest)."""
+    start, size = manifest["meta"]
+    meta = torch.load(io.BytesIO(bytes(memoryview(region)[start:start + size])), weights_only=True)
+    saved = {tuple(path): slot for path, slot in meta["tensors"]}
+    here = {path: local(v) for path, v in leaves(state_dict) if isinstance(v, torch.Tensor)}
+    if saved.keys() != here.keys():
+        diff = sorted(map(str, saved.keys() ^ here.keys()))
+        raise SnapshotError(f"another model: tensor {diff[0]} is in one state dict only")
+    for path, t in here.items():
+        _, numel, dtype, shape = saved[path]
+        if tuple(shape) != tuple(t.shape) or dtype != str(t.dtype):
+            raise SnapshotError(f"tensor {'/'.join(map(str, path))} is {dtype} {tuple(shape)} in the snapshot, "
+                                f"{t.dtype} {tuple(t.shape)} here (another model or world size)")
+    from .staging import Slot
+
+    with torch.no_grad():
+        for path, t in here.items():
+            t.copy_(slot_view(region, Slot(*saved[path])))
+    for path, value in meta["objects"]:
+        _set(state_dict, tuple(path), value)
+
+
+def _set(obj, path: tuple, value) -> None:
+    for key in path[:-1]:
+        obj = obj[key]
+    obj[path[-1]] = value

@@ -1,0 +1,69 @@
+"""Two ranks, each on a simulated node of its own (``local_world=1``: rank 0's peer is rank 1 and back), save
+local checkpoints; then node 0 loses its memory, so rank 0 can only restore from the replica rank 1 holds.
+
+``python -m torch.distributed.run --nproc-per-node 2 tests/workers/local_replica.py WORK CASE...``, each CASE one
+of ``intact`` (the replica restores), ``corrupt`` (a flipped byte: skipped, nothing restored) and ``older-run``
+(the replica's manifest names another run: skipped), in its own folder. Prints ``RESULT case rank step source``
+a case and rank.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from nvrx_lab.checkpoint.local import LocalCheckpointer
+
+
+class State:
+    def __init__(self, value: float):
+        self.sd = {"w": torch.full((1000,), float(value)), "step": int(value)}
+
+    def state_dict(self) -> dict:
+        return self.sd
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.sd = sd
+
+
+def main(work: str, cases: list[str]) -> None:
+    dist.init_process_group("gloo")
+    for case in cases:
+        run_case(Path(work) / case, case, dist.get_rank())
+    dist.destroy_process_group()
+
+
+def run_case(work: Path, case: str, rank: int) -> None:
+    node = work / f"node{rank}"
+    ckpt = LocalCheckpointer(node, run="run-1", rank=rank, world=2, local_world=1)
+    for step in (1, 2, 3):
+        ckpt.save(State(10 * rank + step).state_dict(), step)
+    ckpt.wait()
+    ckpt.close(keep=True)
+    dist.barrier()
+    if rank == 0:  # node 0 is replaced: its memory is gone
+        for path in node.glob("rank0.*"):
+            path.unlink()
+    elif case == "corrupt":
+        with open(node / "replica.data", "r+b") as f:
+            f.seek(100)
+            f.write(b"\xff\xfe")
+    elif case == "older-run":
+        manifest = node / "replica.json"
+        manifest.write_text(manifest.read_text().replace('"run-1"', '"run-0"'))
+    dist.barrier()
+    again = LocalCheckpointer(node, run="run-1", rank=rank, world=2, local_world=1)
+    state = State(-1.0)
+    got = again.restore(state, storage_step=None)
+    ok = got is None or float(state.sd["w"][0]) == 10 * rank + got.step
+    print(f"RESULT {case} {rank} {got and got.step} {got and got.source} {'ok' if ok else 'WRONG-VALUES'}", flush=True)
+    again.close()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main(sys.argv[1], sys.argv[2:])
