@@ -52,7 +52,8 @@ workbook: $(STAMP)
 test: $(STAMP)
 	NVRX_LAB_SMOKE=1 $(PY) -m pytest tests notebooks $(NBVAL) -q -m "not slow"
 
-# The long end-to-end runs (a node lost under the launcher, a straggler under load and its restart).
+# The long end-to-end runs (a node lost under the launcher, a straggler under load and its restart, a run
+# stopped and resumed against an uninterrupted one).
 test-slow: $(STAMP)
 	NVRX_LAB_SMOKE=1 $(PY) -m pytest tests -q -m slow
 

@@ -275,23 +275,24 @@ def test_a_job_killed_whole_leaves_nothing_in_memory_after_the_grace(port, tmp_p
     assert wait_for(lambda: not left_in_memory(tmp_path), 15), f"...until the grace is over: {left_in_memory(tmp_path)}"
 
 
-REPLICA_CASES = {  # case: (rank 0 restores, rank 1 restores, why rank 0's replica was skipped)
-    "intact": ("3 peer ok", "3 local ok", None),
-    "corrupt": ("None None ok", "None None ok", "CRC32 mismatch (corrupted)"),
-    "older-run": ("None None ok", "None None ok", "belongs to another run ('run-0', this run is 'run-1')"),
+REPLICA_CASES = {  # case: (what ranks 0, 1 and 2 restore, why rank 0's replica on rank 1 was skipped)
+    "intact": (("3 peer ok", "3 local ok", "3 local ok"), None),
+    "corrupt": (("None None ok",) * 3, "CRC32 mismatch (corrupted)"),
+    "older-run": (("None None ok",) * 3, "belongs to another run ('run-0', this run is 'run-1')"),
 }
 
 
 @pytest.mark.timeout(120)
 def test_a_replica_restores_a_lost_node_unless_it_is_corrupt_or_another_runs(torchrun, tmp_path):
-    res = torchrun(2, str(Path(__file__).parent / "workers" / "local_replica.py"), str(tmp_path), *REPLICA_CASES,
-                   timeout=100)
+    # three nodes of one rank: the holder of rank 0's replica (rank 1) is not the rank rank 0 replicates to
+    res = torchrun(3, str(Path(__file__).parent / "workers" / "local_replica.py"), str(tmp_path), *REPLICA_CASES,
+                   timeout=100, env={"NVRX_LAB_LOCAL_GRACE_S": "5"})
     assert res.returncode == 0, res.stdout[-3000:]
     results = {tuple(line.split(" ", 3)[1:3]): line.split(" ", 3)[3] for line in res.stdout.splitlines()
                if line.startswith("RESULT")}
-    for case, (rank0, rank1, reason) in REPLICA_CASES.items():
-        # rank 1 has its own copy of step 3, rank 0 only the replica: without it there is no common step
-        assert (results.get((case, "0")), results.get((case, "1"))) == (rank0, rank1), (case, res.stdout[-3000:])
+    for case, (expected, reason) in REPLICA_CASES.items():
+        # ranks 1 and 2 have their own copies of step 3, rank 0 only the replica: without it no step is common
+        assert tuple(results.get((case, str(r))) for r in range(3)) == expected, (case, res.stdout[-3000:])
         if reason:
             assert f"{case}/node1/replica.json skipped: {reason}" in res.stdout, case
 

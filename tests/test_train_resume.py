@@ -18,7 +18,8 @@ def losses(path) -> list[float]:
     return [e["loss"] for e in read_events(path, "step")]
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.slow  # make test keeps the invariant through every fault test's assert_one_curve (a redone step
+@pytest.mark.timeout(240)  # gives the same loss) and the resharding through test_checkpoint_dist
 def test_stopped_and_resumed_run_matches_the_uninterrupted_curve(torchrun, tmp_path):
     whole, parts = tmp_path / "whole.jsonl", tmp_path / "parts.jsonl"
     res = torchrun(2, *ARGS, "--steps", "12", "--ckpt-dir", str(tmp_path / "a"), "--metrics", str(whole))

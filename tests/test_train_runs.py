@@ -69,10 +69,11 @@ def test_rerun_starts_a_new_record_resume_continues_it_and_faults_fire_again(tmp
 @pytest.mark.timeout(180)
 def test_ctrl_c_during_an_async_save_says_so_and_keeps_the_committed_checkpoint(tmp_path):
     ckpt = tmp_path / "ckpt"
-    # slow writes (64 KiB/s): a save is always in flight after the first one
+    # slow writes (1 MiB/s, ~2.6 s a save of 2.6 MiB, saves every 2 steps): a save is always in flight
     proc = subprocess.Popen([*TRAIN, "--steps", "400", "--ckpt", "async", "--ckpt-interval", "2", "--ckpt-dir",
-                             str(ckpt), "--ckpt-write-bandwidth", str(256 << 10), "--step-sleep", "0.05"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                             str(ckpt), "--ckpt-write-bandwidth", str(1 << 20), "--step-sleep", "0.05"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "PYTHONFAULTHANDLER": "1"})  # SIGABRT dumps every thread's stack
     try:
         deadline = time.monotonic() + 120
         while not committed_steps(ckpt) and time.monotonic() < deadline:
@@ -80,7 +81,11 @@ def test_ctrl_c_during_an_async_save_says_so_and_keeps_the_committed_checkpoint(
         assert committed_steps(ckpt), "no checkpoint committed in time"
         time.sleep(0.3)
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole process group
-        out, err = proc.communicate(timeout=60)
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGABRT)
+            pytest.fail(f"still running 60 s after Ctrl-C; its threads:\n{proc.communicate(timeout=30)[1][-6000:]}")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -217,7 +217,7 @@ class LocalCheckpointer:
         works = []
         if replica is not None and replica["rank"] in needs:
             data = torch.frombuffer(replica["region"], dtype=torch.uint8, count=replica["length"])
-            works.append(dist.isend(data, group=self.group, group_dst=self.peer, tag=FETCH))
+            works.append(dist.isend(data, group=self.group, group_dst=self.source, tag=FETCH))  # its owner
         if self.rank in needs:
             manifest = table[self.peer][1]
             slot = self._newest ^ 1

@@ -1,7 +1,7 @@
-"""Two ranks, each on a simulated node of its own (``local_world=1``: rank 0's peer is rank 1 and back), save
-local checkpoints; then node 0 loses its memory, so rank 0 can only restore from the replica rank 1 holds.
+"""Ranks each on a simulated node of its own (``local_world=1``: rank r replicates to rank r + 1, the last to rank
+0) save local checkpoints; then node 0 loses its memory, so rank 0 can only restore from the replica rank 1 holds.
 
-``python -m torch.distributed.run --nproc-per-node 2 tests/workers/local_replica.py WORK CASE...``, each CASE one
+``python -m torch.distributed.run --nproc-per-node 3 tests/workers/local_replica.py WORK CASE...``, each CASE one
 of ``intact`` (the replica restores), ``corrupt`` (a flipped byte: skipped, nothing restored) and ``older-run``
 (the replica's manifest names another run: skipped), in its own folder. Prints ``RESULT case rank step source``
 a case and rank.
@@ -39,7 +39,8 @@ def main(work: str, cases: list[str]) -> None:
 
 def run_case(work: Path, case: str, rank: int) -> None:
     node = work / f"node{rank}"
-    ckpt = LocalCheckpointer(node, run="run-1", rank=rank, world=2, local_world=1)
+    world = dist.get_world_size()
+    ckpt = LocalCheckpointer(node, run="run-1", rank=rank, world=world, local_world=1)
     for step in (1, 2, 3):
         ckpt.save(State(10 * rank + step).state_dict(), step)
     ckpt.wait()
@@ -48,6 +49,8 @@ def run_case(work: Path, case: str, rank: int) -> None:
     if rank == 0:  # node 0 is replaced: its memory is gone
         for path in node.glob("rank0.*"):
             path.unlink()
+    elif rank != 1:  # rank 1 holds rank 0's replica
+        pass
     elif case == "corrupt":
         with open(node / "replica.data", "r+b") as f:
             f.seek(100)
@@ -56,7 +59,7 @@ def run_case(work: Path, case: str, rank: int) -> None:
         manifest = node / "replica.json"
         manifest.write_text(manifest.read_text().replace('"run-1"', '"run-0"'))
     dist.barrier()
-    again = LocalCheckpointer(node, run="run-1", rank=rank, world=2, local_world=1)
+    again = LocalCheckpointer(node, run="run-1", rank=rank, world=world, local_world=1)
     state = State(-1.0)
     got = again.restore(state, storage_step=None)
     ok = got is None or float(state.sd["w"][0]) == 10 * rank + got.step
