@@ -230,8 +230,12 @@ def test_a_worker_replaced_by_the_launcher_restores_from_node_memory(port, tmp_p
                     timeout=130, env=ENV)
     assert res.returncode == 0, res.stdout[-4000:]
     assert_one_curve(read_events(tmp_path / "m.jsonl"), steps=12)
-    got = {(e["rank"], e["step"], e["source"], e["rollback_steps"]) for e in resumes(tmp_path)}
-    assert got == {(0, 7, "local", 0), (1, 7, "local", 0)}, got
+    got = resumes(tmp_path)
+    # rank 1 was killed starting step 8, the launcher stopped rank 0: step 7's snapshot was staged on both, but
+    # its checksum and manifest (a background thread at the lowest priority) may not have been written yet
+    (step,) = {e["step"] for e in got}
+    assert step in (6, 7) and {(e["rank"], e["source"]) for e in got} == {(0, "local"), (1, "local")}, got
+    assert all(e["rollback_steps"] <= 7 - step for e in got), got
     assert left_in_memory(tmp_path) == []
 
 
@@ -255,9 +259,10 @@ def test_a_replaced_node_restores_from_its_peers_replica(port, tmp_path):
     got = {(e["rank"], e["source"]) for e in resumes(tmp_path)}
     assert got == {(0, "local"), (1, "peer")}, got
     (step,) = {e["step"] for e in resumes(tmp_path)}
-    # rank 0 was killed starting step 9, having snapshotted step 8; its replica of rank 1 is one save behind at
-    # most (step 7 or 8); storage saves every 10 steps, so it has none
-    assert step in (7, 8) and all(e["rollback_steps"] == 8 - step for e in resumes(tmp_path)), resumes(tmp_path)
+    # rank 0 was killed starting step 9, having staged step 8; its replica of rank 1 is one save behind at most
+    # (step 7 or 8); storage saves every 10 steps, so it has none. rollback_steps counts from the newest
+    # snapshot committed anywhere (step 8's manifest may not have been written before the kill)
+    assert step in (7, 8) and all(e["rollback_steps"] <= 8 - step for e in resumes(tmp_path)), resumes(tmp_path)
     assert left_in_memory(tmp_path) == []
 
 

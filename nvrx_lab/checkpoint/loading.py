@@ -30,8 +30,9 @@ class Restored:
     """``storage`` (a committed checkpoint), or a local copy (:mod:`.local`): ``memory`` (this process's
     own), ``local`` (a file on this node, left by the process before) or ``peer`` (the next node's replica)."""
     rollback_steps: int | None = None
-    """Steps between the newest step known to have been reached (snapshotted) and the one restored; None
-    when unknown (no local checkpoints: ``nvrx_lab.goodput`` counts it from the events)."""
+    """Steps between the newest snapshot any rank had committed and the step restored (a snapshot staged but
+    not yet checksummed when its process died does not count); None when unknown (no local checkpoints:
+    ``nvrx_lab.goodput`` counts the redone steps from the events)."""
 
 
 def latest_step(root: Path, full: bool, rank: int, group, world: int,
