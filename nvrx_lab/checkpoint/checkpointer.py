@@ -161,10 +161,10 @@ class AsyncCheckpointer:
         return loading.latest_step(self.root, self.config.verify == "full", self.rank, self.group, self.world,
                                    self._fallback)
 
-    def restore(self, state) -> Restored | None:
-        """Load the newest committed step into ``state`` (DCP's ``Stateful``: ``state_dict()`` is asked only
-        when there is one, ``load_state_dict`` gets it filled); collective. None: nothing to restore."""
-        if (step := self.latest_step()) is not None:
+    def restore(self, state, step: int | None = None) -> Restored | None:
+        """Load the newest committed step (``step``: it, found by :meth:`latest_step` already) into ``state``
+        (a ``Stateful``: ``state_dict()`` asked only when there is one); collective. None: nothing to restore."""
+        if (step := self.latest_step() if step is None else step) is not None:
             self.load(sd := state.state_dict(), step=step)
             state.load_state_dict(sd)
             return Restored(step, "storage")

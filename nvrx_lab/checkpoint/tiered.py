@@ -31,11 +31,12 @@ class Tiered:
 
     def restore(self, state) -> Restored | None:
         """Collective: the newest step from the nearest copy (local when it is at least as new as storage)."""
-        got = self.local.restore(state, self.storage.latest_step())
-        if got is not None:
+        storage_step = self.storage.latest_step()  # verified once: the local copy must be at least as new
+        got = self.local.restore(state, storage_step)
+        if got is not None or storage_step is None:
             return got
-        restored = self.storage.restore(state)
-        if restored is not None and self.local.reached:
+        restored = self.storage.restore(state, step=storage_step)
+        if self.local.reached:
             restored.rollback_steps = max(0, self.local.reached - restored.step)
         return restored
 
