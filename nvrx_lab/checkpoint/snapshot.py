@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from torch.distributed.tensor import DTensor
 
-from .staging import plan_slots, slot_view
+from .staging import Slot, plan_slots, slot_view
 
 CHUNK = 8 << 20
 
@@ -119,8 +119,6 @@ def fill(state_dict: dict, region, manifest: dict) -> None:
         if tuple(shape) != tuple(t.shape) or dtype != str(t.dtype):
             raise SnapshotError(f"tensor {'/'.join(map(str, path))} is {dtype} {tuple(shape)} in the snapshot, "
                                 f"{t.dtype} {tuple(t.shape)} here (another model or world size)")
-    from .staging import Slot
-
     with torch.no_grad():
         for path, t in here.items():
             t.copy_(slot_view(region, Slot(*saved[path])))
