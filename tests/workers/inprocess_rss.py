@@ -16,5 +16,6 @@ from nvrx_lab.train import main
 if __name__ == "__main__":
     rc = main(sys.argv[1:])
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"rank": int(os.environ.get("RANK", 0)), "rc": rc, "maxrss_mb": round(peak_mb, 1)}), flush=True)
+    row = {"rank": int(os.environ.get("RANK", 0)), "rc": rc, "maxrss_mb": round(peak_mb, 1)}
+    os.write(1, (json.dumps(row) + "\n").encode())  # one write: the ranks share a stdout
     sys.exit(rc)

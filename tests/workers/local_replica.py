@@ -3,8 +3,8 @@
 
 ``python -m torch.distributed.run --nproc-per-node 3 tests/workers/local_replica.py WORK CASE...``, each CASE one
 of ``intact`` (the replica restores), ``corrupt`` (a flipped byte: skipped, nothing restored) and ``older-run``
-(the replica's manifest names another run: skipped), in its own folder. Prints ``RESULT case rank step source``
-a case and rank.
+(the replica's manifest names another run: skipped), in its own folder. Each rank writes ``step source ok`` to
+``WORK/CASE/result.RANK`` (a file, not stdout: three ranks' lines on one pipe can interleave).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def run_case(work: Path, case: str, rank: int) -> None:
     state = State(-1.0)
     got = again.restore(state, storage_step=None)
     ok = got is None or float(state.sd["w"][0]) == 10 * rank + got.step
-    print(f"RESULT {case} {rank} {got and got.step} {got and got.source} {'ok' if ok else 'WRONG-VALUES'}", flush=True)
+    (work / f"result.{rank}").write_text(f"{got and got.step} {got and got.source} {'ok' if ok else 'WRONG-VALUES'}")
     again.close()
 
 
