@@ -22,6 +22,7 @@ monitor process: peers must fall back to heartbeats). ``--resources`` adds a ``r
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import signal
@@ -69,8 +70,18 @@ def inject(kind: str) -> None:
 
 
 def resources() -> dict:
+    """Threads, open fds (and what each is: ``socket``, ``pipe``, ``anon_inode:[eventfd]``, a path) and RSS."""
     me = psutil.Process()
-    return {"threads": me.num_threads(), "fds": me.num_fds(), "rss_mb": me.memory_info().rss / 2**20}
+    return {"threads": me.num_threads(), "fds": me.num_fds(), "rss_mb": me.memory_info().rss / 2**20,
+            "fd_kinds": dict(collections.Counter(fd_kind(fd) for fd in os.listdir("/proc/self/fd")))}
+
+
+def fd_kind(fd: str) -> str:
+    try:
+        target = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:  # the fd listing itself, closed since
+        return "gone"
+    return target.split(":[")[0] if target.startswith(("socket:", "pipe:")) else target
 
 
 def get_args(argv=None) -> argparse.Namespace:

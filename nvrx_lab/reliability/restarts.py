@@ -104,6 +104,12 @@ def least(samples: list[dict | None]) -> dict | None:
     return {key: min(x[key] for x in samples) for key in ("threads", "fds", "rss_mb")}
 
 
+def fd_diff(a: dict | None, b: dict | None) -> str:
+    """What kinds of fds one ``resources`` sample has more or fewer of than another, e.g. ``socket +1``."""
+    ka, kb = (collections.Counter((x or {}).get("fd_kinds") or {}) for x in (a, b))
+    return ", ".join(f"{k} {kb[k] - ka[k]:+d}" for k in sorted(ka | kb) if kb[k] != ka[k]) or "same kinds"
+
+
 def _median(xs: list[float]) -> float | None:
     return round(statistics.median(xs), 3) if xs else None
 
@@ -150,7 +156,8 @@ def inprocess_soak(work: Path, restarts: int = 100) -> Row:
             for key, ok in (("threads", lambda x, y: y == x), ("fds", lambda x, y: y == x),
                             ("rss_mb", lambda x, y: y <= x * 1.05)):
                 row.check(a is not None and b is not None and ok(a[key], b[key]),
-                          f"rank {rank} {key}: attempts {early}+ {a and a[key]} -> attempts ..{last} {b and b[key]}")
+                          f"rank {rank} {key}: attempts {early}+ {a and a[key]} -> attempts ..{last} {b and b[key]}"
+                          + (f" (open: {fd_diff(res.get((rank, early)), res.get((rank, last)))})" if key == "fds" else ""))
         stopped = (run["rc"] not in (None, 0) and f"gave up: max_iterations={restarts + 1} reached" in run["log"]
                    and f"restarts ({restarts + 1}):" in run["log"])
         row.check(stopped, f"expected the limit to stop the job; exit {run['rc']}: {_tail(run['log'])}")
