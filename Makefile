@@ -50,7 +50,7 @@ workbook: $(STAMP)
 
 # The whole suite: unit and multi-process tests, then every notebook under nbval.
 test: $(STAMP)
-	NVRX_LAB_SMOKE=1 $(PY) -m pytest tests notebooks $(NBVAL) -q -m "not slow"
+	NVRX_LAB_SMOKE=1 $(PY) -m pytest tests notebooks $(NBVAL) -q -m "not slow" --durations=25
 
 # The long end-to-end runs (a node lost under the launcher, a straggler under load and its restart, a run
 # stopped and resumed against an uninterrupted one).
