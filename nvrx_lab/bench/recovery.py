@@ -164,7 +164,10 @@ def main(argv: list[str] | None = None) -> int:
     report("recovery", rows, a.out, command, extra={"faults_per_kind": n, "timeout_s": a.timeout},
            columns=["ranks", "kind", "mode", "median_s", "p95_s", "x_vs_nvrx_lab", "x_vs_fewest_ranks", "recovered", *PHASES,
                     "left_running", "wall_s"])
-    return 0
+    failed = [f"{r['ranks']} ranks {r['kind']} {r['mode']}" for r in rows if r.get("error")]
+    if failed:  # each printed its output above
+        print(f"{len(failed)} row(s) failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -67,6 +67,8 @@ def get_args(argv=None) -> argparse.Namespace:
     p.add_argument("--pg-timeout", type=float, default=60.0, help="gloo collective timeout (s)")
     p.add_argument("--on-peer-loss", choices=["fail", "continue"], default="fail")
     p.add_argument("--no-monitor", action="store_true", help="do not use the heartbeat client")
+    p.add_argument("--nvrx-client", action="store_true",
+                   help="heartbeats through NVRx's own RankMonitorClient (the peer's ft_launcher; needs .[peers])")
     args = p.parse_args(argv)
     try:
         args.faults = fault_schedule(args)
@@ -102,7 +104,11 @@ def main(argv=None) -> int:
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.pg_timeout))
     client = None
-    if not args.no_monitor and RankMonitorClient.available():
+    if args.nvrx_client:  # NVRx's client speaks to ft_launcher's rank monitor (same method names as ours)
+        from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient as NVRxClient
+        client = NVRxClient()
+        client.init_workload_monitoring()
+    elif not args.no_monitor and RankMonitorClient.available():
         client = RankMonitorClient()
         client.init_workload_monitoring()
     now = [f for f in args.faults if f.fires_in(restart)]
