@@ -8,7 +8,7 @@ NOTEBOOKS ?= $(sort $(wildcard notebooks/*.ipynb))
 BUILD     ?= build
 NBVAL     := --nbval-lax --nbval-current-env --nbval-cell-timeout=300 -p no:cacheprovider
 
-.PHONY: setup workbook test test-slow lab clean
+.PHONY: setup workbook test test-slow peers lab clean
 
 setup: $(STAMP)
 
@@ -48,14 +48,26 @@ workbook: $(STAMP)
 	if [ -n "$$failed" ] || [ "$$report" = failed ]; then exit 1; fi; \
 	echo "every notebook ran"
 
-# The whole suite: unit and multi-process tests, then every notebook under nbval.
+# The whole suite: unit and multi-process tests and every notebook under nbval, two files at a time (each
+# file's tests, a notebook's cells, in order in one worker); every test must pass under that load anyway.
 test: $(STAMP)
-	NVRX_LAB_SMOKE=1 $(PY) -m pytest tests notebooks $(NBVAL) -q -m "not slow" --durations=25
+	NVRX_LAB_SMOKE=1 $(PY) -m pytest tests notebooks $(NBVAL) -q -m "not slow" -n 2 --dist loadfile --durations=25
 
 # The long end-to-end runs (a node lost under the launcher, a straggler under load and its restart, a run
 # stopped and resumed against an uninterrupted one).
 test-slow: $(STAMP)
 	NVRX_LAB_SMOKE=1 $(PY) -m pytest tests -q -m slow
+
+# The peers extra (NVRx 0.4.1) in the same environment, the tests of every peer row, then every benchmark at
+# quick size with its peers side by side (tables on stdout, JSON under build/bench/).
+peers: $(STAMP)
+	$(PY) -m pip install -e '.[test,peers]'
+	NVRX_LAB_SMOKE=1 $(PY) -m pytest tests/test_peers.py -q -p no:cacheprovider
+	@for b in checkpoint launcher recovery efficiency local goodput nodes reliability straggler; do \
+		echo "== python -m nvrx_lab.bench $$b --quick"; $(PY) -m nvrx_lab.bench $$b --quick || exit 1; \
+	done
+	$(PY) -m nvrx_lab.bench stability --runs 2
+	$(PY) -m nvrx_lab.bench scale --ranks 8 64 512
 
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks/

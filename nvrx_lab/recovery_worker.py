@@ -28,6 +28,7 @@ import os
 import signal
 import sys
 import time
+import typing
 
 import torch
 import torch.distributed as dist
@@ -91,13 +92,7 @@ def run_nvrx(a: argparse.Namespace, loop) -> None:
 
     tick = datetime.timedelta(seconds=0.2)
 
-    @nvrx.Wrapper(store_kwargs={"port": int(os.environ["MASTER_PORT"]) + 1},
-                  health_check=nvrx.health_check.CudaHealthCheck(),
-                  monitor_thread_interval=tick, monitor_process_interval=tick, last_call_wait=tick,
-                  heartbeat_interval=tick, heartbeat_timeout=datetime.timedelta(seconds=a.heartbeat_timeout),
-                  soft_timeout=datetime.timedelta(seconds=a.timeout),
-                  hard_timeout=datetime.timedelta(seconds=a.hard_timeout or a.timeout + 3))
-    def train(call_wrapper: nvrx.CallWrapper | None = None):
+    def train(call_wrapper=None):
         rank, ws = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]) + 2 + call_wrapper.iteration,
                               ws, rank == 0, timeout=datetime.timedelta(seconds=60), multi_tenant=True, use_libuv=True)
@@ -106,6 +101,15 @@ def run_nvrx(a: argparse.Namespace, loop) -> None:
         loop(call_wrapper.iteration, call_wrapper.ping, ws)
         dist.destroy_process_group()
 
+    # NVRx finds the parameter to pass its CallWrapper by the annotation's class: a real one, not the string
+    # this module's ``from __future__ import annotations`` would make of it
+    train.__annotations__ = {"call_wrapper": typing.Optional[nvrx.CallWrapper]}
+    train = nvrx.Wrapper(store_kwargs={"port": int(os.environ["MASTER_PORT"]) + 1},
+                         health_check=nvrx.health_check.CudaHealthCheck(),
+                         monitor_thread_interval=tick, monitor_process_interval=tick, last_call_wait=tick,
+                         heartbeat_interval=tick, heartbeat_timeout=datetime.timedelta(seconds=a.heartbeat_timeout),
+                         soft_timeout=datetime.timedelta(seconds=a.timeout),
+                         hard_timeout=datetime.timedelta(seconds=a.hard_timeout or a.timeout + 3))(train)
     train()
 
 

@@ -184,6 +184,10 @@ def run_one(name: str, mib: float, repeats: int, root: Path) -> dict:
     return row
 
 
+CPU_ONLY = ("skipped: NVRx's TorchAsyncCheckpoint snapshots by copying device tensors to the host (a CPU tensor "
+            "is not copied, so the save would not be a snapshot) and synchronizes CUDA: a row for GPU states only")
+
+
 def peer_available() -> str | None:
     try:
         import nvidia_resiliency_ext.checkpointing.async_ckpt  # noqa: F401
@@ -192,10 +196,19 @@ def peer_available() -> str | None:
         return "skipped: not installed (pip install -e .[peers])"
 
 
+def positive(kind):
+    def parse(text: str):
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+    return parse
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m nvrx_lab.bench checkpoint", description=__doc__.split("\n")[0])
-    ap.add_argument("--sizes-mib", type=float, nargs="+", default=[256, 1024], help="state sizes per rank (MiB)")
-    ap.add_argument("--repeats", type=int, default=10, help="timed saves per method (after one warm-up)")
+    ap.add_argument("--sizes-mib", type=positive(float), nargs="+", default=[256, 1024], help="state sizes per rank (MiB)")
+    ap.add_argument("--repeats", type=positive(int), default=10, help="timed saves per method (after one warm-up)")
     ap.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS, help="which rows to run")
     ap.add_argument("--dir", default=None, help="where checkpoints are written (default: a temp dir)")
     ap.add_argument("--quick", action="store_true", help="16 MiB, 3 repeats (CI smoke)")
@@ -212,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     for mib in args.sizes_mib:
         for name in args.methods:
             if name.startswith("nvrx_peer"):
-                why = peer_available() or "skipped: on CPU-only torch it needs torch.cuda.synchronize as a no-op; not wired yet"
+                why = peer_available() or CPU_ONLY
                 notes.append(f"{name}: {why}")
                 print(f"{name}: {why}")
                 continue
@@ -241,21 +254,26 @@ def main(argv: list[str] | None = None) -> int:
     columns = ["method", "size_mib", "block_med_s", "block_p95_s", "block_x_floor", "durable_med_s", "peak_rss_x",
                "child_rss_mib", "load_s", "load_sizes_only_s", "load_x_dcp", "consistent"]
     command = "python -m nvrx_lab.bench checkpoint " + " ".join(argv if argv is not None else sys.argv[1:])
-    report("checkpoint", rows, args.out, command, extra={"notes": notes,
+    report("checkpoint", rows, args.out, command, extra={"notes": notes, "failed": failed,
            "targets": "nvrx_async block <= 1.25x memcpy and <= best consistent peer; peak RSS <= 2x; load <= 1.1x dcp"},
            columns=columns)
     for note in notes:
         print(note)
+    print_vs_best_peer(rows)
+    if failed:
+        print(f"{len(failed)} row(s) failed: " + ", ".join(f.split(" failed")[0] for f in failed), file=sys.stderr)
+    return 1 if failed else 0
+
+
+def print_vs_best_peer(rows: list[dict]) -> None:
     for mib in sorted({r["size_mib"] for r in rows}):
         ours = next((r for r in rows if r["size_mib"] == mib and r["method"] == "nvrx_async"), None)
         peers = [r for r in rows if r["size_mib"] == mib and is_async_peer(r["method"]) and r["consistent"] == "yes"]
         if ours and peers:
             best = min(peers, key=lambda r: r["block_med_s"])
-            print(f"{mib} MiB: nvrx_async blocks {ours['block_med_s'] * 1e3:.1f} ms, {ours['block_med_s'] / best['block_med_s']:.2f}x "
-                  f"the best peer ({best['method']}, {best['block_med_s'] * 1e3:.1f} ms)")
-    if failed:
-        print(f"{len(failed)} row(s) failed: " + ", ".join(f.split(" failed")[0] for f in failed), file=sys.stderr)
-    return 1 if failed else 0
+            print(f"{mib} MiB: nvrx_async blocks {ours['block_med_s'] * 1e3:.1f} ms, "
+                  f"{ours['block_med_s'] / best['block_med_s']:.2f}x the best peer "
+                  f"({best['method']}, {best['block_med_s'] * 1e3:.1f} ms)")
 
 
 def is_async_peer(method: str) -> bool:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -62,6 +63,11 @@ def cold_import_torch_s(runs: int = 3) -> float:
 PEERS = ("torchrun", "ft_launcher")
 
 
+def ft_launcher() -> str:
+    """NVRx's launcher script beside this interpreter (a venv not activated has it only there)."""
+    return shutil.which("ft_launcher", path=str(Path(sys.executable).parent)) or "ft_launcher"
+
+
 def run_one(mode: str, kind: str, faults: int, hb_timeout: float, pg_timeout: float, workdir: Path) -> dict:
     metrics = workdir / f"{mode.replace(' ', '_')}_{kind}.jsonl"
     worker = Worker.of("nvrx_lab.launcher.demo_worker", steps=10, fault=kind, fault_step=5, fault_restarts=f"0-{faults - 1}",
@@ -74,7 +80,7 @@ def run_one(mode: str, kind: str, faults: int, hb_timeout: float, pg_timeout: fl
         cmd = torchrun.argv(worker.with_flags(no_monitor=True))
     else:  # NVRx ft_launcher: torchrun's flags and its own; heartbeats from NVRx's client, timeouts checked as
         # often as our monitors check (its default is every 5 s)
-        cmd = ["ft_launcher", *flat(torchrun.flags()), "--ft-rank-heartbeat-timeout", str(hb_timeout),
+        cmd = [ft_launcher(), *flat(torchrun.flags()), "--ft-rank-heartbeat-timeout", str(hb_timeout),
                "--ft-initial-rank-heartbeat-timeout", "60", "--ft-workload-check-interval", "0.1",
                "--ft-enable-nic-monitor", "false", *worker.with_flags(nvrx_client=True).args()]
     res = run(cmd, timeout=60 + faults * (pg_timeout + hb_timeout + 10), env={"LOGLEVEL": "ERROR"})
