@@ -55,7 +55,7 @@ class Method:
 
     def __init__(self, name: str, state: dict, root: Path):
         self.name, self.state, self.root = name, state, root
-        self.last = None
+        self.last, self.older = None, None
         if name.startswith("nvrx_"):
             from nvrx_lab.checkpoint import AsyncCheckpointer
             self.ckpt = AsyncCheckpointer(root, keep_last=1).start()  # a job pays the start-up once
@@ -84,7 +84,7 @@ class Method:
             self.ckpt.save(self.state, step=step)
             return lambda: None
         path = self.root / f"s{step}"
-        self._drop_old(path)
+        self.older, self.last = self.last, path
         if n == "torch.save":
             with open(path, "wb") as f:
                 torch.save(self.state, f)
@@ -101,10 +101,12 @@ class Method:
             res = res.upload_completion
         return res.result  # the next save reuses the staging buffers: it waits for this upload first
 
-    def _drop_old(self, path: Path) -> None:
-        if self.last is not None:
-            shutil.rmtree(self.last, ignore_errors=True) if self.last.is_dir() else self.last.unlink(missing_ok=True)
-        self.last = path
+    def drop_older(self) -> None:
+        """Delete the checkpoint before the last one, outside the timed save (as the writer does for
+        ``keep_last``): deleting 256 MiB is no part of what a save blocks."""
+        if self.older is not None:
+            shutil.rmtree(self.older, ignore_errors=True) if self.older.is_dir() else self.older.unlink(missing_ok=True)
+            self.older = None
 
     def load(self, target: dict) -> None:
         import torch.distributed.checkpoint as dcp
@@ -154,6 +156,7 @@ def run_one(name: str, mib: float, repeats: int, root: Path) -> dict:
         t1 = time.perf_counter()
         wait()
         t2 = time.perf_counter()
+        m.drop_older()
         if step:
             blocking.append(t1 - t0)
             durable.append(t2 - t0)
