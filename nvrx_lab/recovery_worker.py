@@ -28,7 +28,6 @@ import os
 import signal
 import sys
 import time
-import typing
 
 import torch
 import torch.distributed as dist
@@ -103,7 +102,7 @@ def run_nvrx(a: argparse.Namespace, loop) -> None:
 
     # NVRx finds the parameter to pass its CallWrapper by the annotation's class: a real one, not the string
     # this module's ``from __future__ import annotations`` would make of it
-    train.__annotations__ = {"call_wrapper": typing.Optional[nvrx.CallWrapper]}
+    train.__annotations__ = {"call_wrapper": nvrx.CallWrapper}
     train = nvrx.Wrapper(store_kwargs={"port": int(os.environ["MASTER_PORT"]) + 1},
                          health_check=nvrx.health_check.CudaHealthCheck(),
                          monitor_thread_interval=tick, monitor_process_interval=tick, last_call_wait=tick,

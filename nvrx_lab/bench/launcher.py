@@ -7,9 +7,14 @@ attempt, minus the ``fault`` event's time (from the event stream only). Side by 
 
 * ``nvrx_lab`` — ``python -m nvrx_lab.launcher`` with warm standby workers (heartbeat timeout 3 s)
 * ``nvrx_lab --no-standby`` — the same, workers started by torchelastic (pays ``import torch``)
-* ``torchrun`` — ``--max-restarts``; a hang is only noticed when the gloo collective times out
-  (``--pg-timeout``), and a restart that fails to rendezvous counts as not recovered
-* NVRx ``ft_launcher`` — only when ``nvidia_resiliency_ext`` is importable (else: skipped)
+* ``torchrun-noshare`` — ``--max-restarts`` with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (a fresh store per
+  rendezvous round); a hang is only noticed when the gloo collective times out (``--pg-timeout``), and a
+  restart that fails to rendezvous counts as not recovered. ``torchrun`` (the shared store, its default) on
+  request: its restarts fail here, the new round reading the dead round's gloo address
+* NVRx ``ft_launcher`` — with heartbeats from NVRx's own ``RankMonitorClient`` in the worker, timeouts checked
+  every 0.1 s; only when ``nvidia_resiliency_ext`` is importable (else: skipped)
+
+A row that does not recover every fault is an error, printed with its output; the bench then exits 1.
 
 Also: the cost of ``send_heartbeat`` (µs, in-process client and monitor), and ``import torch`` in a
 fresh interpreter vs in a standby worker.
@@ -60,7 +65,7 @@ def cold_import_torch_s(runs: int = 3) -> float:
     return median(times)
 
 
-PEERS = ("torchrun", "ft_launcher")
+PEERS = ("torchrun", "torchrun-noshare", "ft_launcher")
 
 
 def ft_launcher() -> str:
@@ -76,14 +81,17 @@ def run_one(mode: str, kind: str, faults: int, hb_timeout: float, pg_timeout: fl
     if mode.startswith("nvrx_lab"):
         cmd = Launcher.local(2, max_restarts=faults, monitor_interval=0.1, heartbeat_timeout=hb_timeout,
                              initial_heartbeat_timeout=60, metrics_file=metrics, no_standby="no-standby" in mode).argv(worker)
-    elif mode == "torchrun":
+    elif mode.startswith("torchrun"):
         cmd = torchrun.argv(worker.with_flags(no_monitor=True))
     else:  # NVRx ft_launcher: torchrun's flags and its own; heartbeats from NVRx's client, timeouts checked as
         # often as our monitors check (its default is every 5 s)
         cmd = [ft_launcher(), *flat(torchrun.flags()), "--ft-rank-heartbeat-timeout", str(hb_timeout),
                "--ft-initial-rank-heartbeat-timeout", "60", "--ft-workload-check-interval", "0.1",
                "--ft-enable-nic-monitor", "false", *worker.with_flags(nvrx_client=True).args()]
-    res = run(cmd, timeout=60 + faults * (pg_timeout + hb_timeout + 10), env={"LOGLEVEL": "ERROR"})
+    env = {"LOGLEVEL": "ERROR"}
+    if mode == "torchrun-noshare":  # a fresh store per rendezvous round (the shared one hands out a dead round's address)
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    res = run(cmd, timeout=60 + faults * (pg_timeout + hb_timeout + 10), env=env)
     rc, wall = "timeout" if res.timed_out else res.returncode, res.wall_s
     ev = read_events(metrics)
     first_step: dict[tuple[int, int], float] = {}
@@ -105,8 +113,10 @@ def run_one(mode: str, kind: str, faults: int, hb_timeout: float, pg_timeout: fl
     imports = [e["import_s"] for e in ev if e["kind"] == "worker_start" and e["restart"] > 0]
     row_error = None
     if not fault_events or len(recov) < len(fault_events):  # an error with its output, never a row of nan
-        row_error = (f"{mode} / {kind}: {len(recov)} of {len(fault_events)} fault(s) recovered (exit {rc}); last output:\n"
-                     + "\n".join(res.output.strip().splitlines()[-15:]))
+        lines = res.output.strip().splitlines()
+        why = [ln for ln in lines if "Error" in ln or "error:" in ln][-5:]  # the cause, above torchrun's summary
+        row_error = (f"{mode} / {kind}: {len(recov)} of {len(fault_events)} fault(s) recovered (exit {rc}); errors:\n"
+                     + "\n".join(why) + "\nlast output:\n" + "\n".join(lines[-10:]))
         print(row_error, file=sys.stderr, flush=True)
     return {"launcher": mode, "fault": kind, "injected": len(fault_events), "recovered": len(recov), "error": row_error,
             "failed_restarts": failed_restarts,
@@ -120,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="2 faults per kind (CI/smoke)")
     p.add_argument("--heartbeat-timeout", type=float, default=3.0)
     p.add_argument("--pg-timeout", type=float, default=10.0, help="gloo collective timeout (torchrun's only hang detector)")
-    p.add_argument("--launchers", default="nvrx_lab,nvrx_lab --no-standby,torchrun,ft_launcher")
+    p.add_argument("--launchers", default="nvrx_lab,nvrx_lab --no-standby,torchrun-noshare,ft_launcher",
+                   help="comma-separated; also torchrun (its rendezvous store shared across rounds: restarts fail here)")
     p.add_argument("--out", default="build/bench/launcher.json")
     args = p.parse_args(argv)
     faults = 2 if args.quick else args.faults_per_kind
@@ -147,9 +158,12 @@ def main(argv: list[str] | None = None) -> int:
             ratios[kind] = {"best_peer": best["launcher"], "x": mine["median_s"] / best["median_s"]}
             print(f"{kind}: nvrx_lab {mine['median_s']:.2f} s = {ratios[kind]['x']:.2f}x the best peer "
                   f"({best['launcher']}, {best['median_s']:.2f} s)")
+    columns = ["launcher", "fault", "injected", "recovered", "failed_restarts", "median_s", "p95_s", "detect_s",
+               "ready_s", "worker_import_s", "exit", "wall_s"]
     report("launcher", rows, args.out, "python -m nvrx_lab.bench launcher " + " ".join(argv or sys.argv[1:]),
            extra={"heartbeat_us": hb, "cold_import_torch_s": cold, "ratio_vs_best_peer": ratios,
-                  "skipped": skipped, "heartbeat_timeout_s": args.heartbeat_timeout, "faults_per_kind": faults})
+                  "skipped": skipped, "heartbeat_timeout_s": args.heartbeat_timeout, "faults_per_kind": faults},
+           columns=columns)
     failed = [f"{r['launcher']} / {r['fault']}" for r in rows if r["error"]]
     if failed:
         print(f"{len(failed)} row(s) failed: {', '.join(failed)}", file=sys.stderr)
