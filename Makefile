@@ -63,11 +63,13 @@ test-slow: $(STAMP)
 peers: $(STAMP)
 	$(PY) -m pip install -e '.[test,peers]'
 	NVRX_LAB_SMOKE=1 $(PY) -m pytest tests/test_peers.py -q -p no:cacheprovider
-	@for b in checkpoint launcher recovery efficiency local goodput nodes reliability straggler; do \
-		echo "== python -m nvrx_lab.bench $$b --quick"; $(PY) -m nvrx_lab.bench $$b --quick || exit 1; \
-	done
-	$(PY) -m nvrx_lab.bench stability --runs 2
-	$(PY) -m nvrx_lab.bench scale --ranks 8 64 512
+	@failed=""; \
+	for b in "checkpoint --quick" "launcher --quick" "recovery --quick" "efficiency --quick" "local --quick" \
+	         "goodput --quick" "nodes --quick" "reliability --quick" "straggler --quick" "stability --runs 2" \
+	         "scale --ranks 8 64 512"; do \
+		echo "== python -m nvrx_lab.bench $$b"; $(PY) -m nvrx_lab.bench $$b || failed="$$failed\n  $$b"; \
+	done; \
+	if [ -n "$$failed" ]; then printf "FAILED (each printed why above; a peer that cannot recover a fault is one):$$failed\n"; exit 1; fi
 
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks/
