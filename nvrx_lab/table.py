@@ -11,6 +11,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -71,3 +72,10 @@ def report(name: str, rows: list[dict[str, Any]], out: str | Path, command: str,
     out.write_text(json.dumps(result, indent=2, default=str))
     print(f"\nwrote {out}")
     return result
+
+
+def exit_status(failed: Sequence[str]) -> int:
+    """A benchmark's exit code: 1 when a row failed (each printed its output already), named on stderr."""
+    if failed:
+        print(f"{len(failed)} row(s) failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0

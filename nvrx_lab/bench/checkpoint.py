@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from nvrx_lab.demo_state import equal, make_state, mutate, zeros_like
-from nvrx_lab.table import median, p95, report
+from nvrx_lab.table import exit_status, median, p95, report
 
 METHODS = ["memcpy", "nvrx_async", "nvrx_sync", "torch.save", "dcp.save", "dcp.async_save[thread]",
            "dcp.async_save[process]", "dcp.async_save[process,shm]", "nvrx_peer.TorchAsyncCheckpoint"]
@@ -263,9 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     for note in notes:
         print(note)
     print_vs_best_peer(rows)
-    if failed:
-        print(f"{len(failed)} row(s) failed: " + ", ".join(f.split(" failed")[0] for f in failed), file=sys.stderr)
-    return 1 if failed else 0
+    return exit_status([f.split(" failed")[0] for f in failed])
 
 
 def print_vs_best_peer(rows: list[dict]) -> None:

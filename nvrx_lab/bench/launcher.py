@@ -33,7 +33,7 @@ from pathlib import Path
 
 from nvrx_lab.events import read_events
 from nvrx_lab.runner import Launcher, Torchrun, Worker, flat, run
-from nvrx_lab.table import median, p95, report
+from nvrx_lab.table import exit_status, median, p95, report
 
 
 def heartbeat_cost_us(n: int = 50000, batches: int = 5) -> float:
@@ -164,7 +164,4 @@ def main(argv: list[str] | None = None) -> int:
            extra={"heartbeat_us": hb, "cold_import_torch_s": cold, "ratio_vs_best_peer": ratios,
                   "skipped": skipped, "heartbeat_timeout_s": args.heartbeat_timeout, "faults_per_kind": faults},
            columns=columns)
-    failed = [f"{r['launcher']} / {r['fault']}" for r in rows if r["error"]]
-    if failed:
-        print(f"{len(failed)} row(s) failed: {', '.join(failed)}", file=sys.stderr)
-    return 1 if failed else 0
+    return exit_status([f"{r['launcher']} / {r['fault']}" for r in rows if r["error"]])

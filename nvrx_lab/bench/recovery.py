@@ -42,7 +42,7 @@ from nvrx_lab.bench._procs import TAG_VAR, leftovers, new_tag
 from nvrx_lab.events import read_events
 from nvrx_lab.recovery_worker import KINDS, worker
 from nvrx_lab.runner import Spawn, Torchrun, run
-from nvrx_lab.table import median, p95, report
+from nvrx_lab.table import exit_status, median, p95, report
 from nvrx_lab.timeline import recovery_times
 
 PHASES = ("detect_s", "abort_s", "health_s", "rendezvous_s")
@@ -164,10 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     report("recovery", rows, a.out, command, extra={"faults_per_kind": n, "timeout_s": a.timeout},
            columns=["ranks", "kind", "mode", "median_s", "p95_s", "x_vs_nvrx_lab", "x_vs_fewest_ranks", "recovered", *PHASES,
                     "left_running", "wall_s"])
-    failed = [f"{r['ranks']} ranks {r['kind']} {r['mode']}" for r in rows if r.get("error")]
-    if failed:  # each printed its output above
-        print(f"{len(failed)} row(s) failed: {', '.join(failed)}", file=sys.stderr)
-    return 1 if failed else 0
+    return exit_status([f"{r['ranks']} ranks {r['kind']} {r['mode']}" for r in rows if r.get("error")])
 
 
 if __name__ == "__main__":
