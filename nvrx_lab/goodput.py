@@ -16,7 +16,8 @@ Definitions (the write-up's, made exact):
   median step time of the run (or of a fault-free run when given)
 * **infrastructure goodput** = time the job is up and able to train / wall time, i.e. wall time
   less start-up and every recovery
-* **recovery time** of a fault = from the fault to the start of the next completed step
+* **recovery time** of a fault = from the fault to the start of the next completed step; a step before
+  the faulty one that rank 0 completes just after another rank's fault was not stopped by it
 * **rollback** = steps completed before the fault that had to be redone
 * **freshness** = fault step − newest committed checkpoint step at the moment of the fault
 * **time lost to a slow rank** = over the steps after the first ``slow`` fault, the step time beyond
@@ -103,6 +104,8 @@ def analyze(events: list[dict], ideal_step_s: float | None = None, t_start: floa
         before = [s for s in steps if s["t"] <= f["t"]]
         after = [s for s in steps if s["t"] > f["t"]]
         done = before[-1]["step"] if before else 0
+        while after and after[0]["step"] == done + 1 < f["step"]:  # rank 0 finishing a step the fault did not stop
+            done = after.pop(0)["step"]
         committed = [c["step"] for c in commits if c["t"] <= f["t"]]
         nxt = after[0] if after else None
         faults.append(FaultRecord(

@@ -48,6 +48,7 @@ def check_flags(cfg: TrainConfig, world_size: int = 1) -> None:
     check_local(cfg)
     from nvrx_lab.checkpoint.throttle import check_bandwidth
     check_bandwidth(cfg.ckpt_write_bandwidth, "--ckpt-write-bandwidth")  # 0 (the default) = no cap
+    writer_priority(cfg)
     if not 0 < cfg.soft_timeout <= cfg.hard_timeout:
         raise ValueError(f"need 0 < --soft-timeout ({cfg.soft_timeout}) <= --hard-timeout ({cfg.hard_timeout})")
     if cfg.restart.endswith("inprocess") and uses_cuda(cfg) and cfg.pg_timeout <= cfg.hard_timeout:
@@ -117,6 +118,21 @@ def check_ckpt_dir(path: Path) -> None:
                          "committed checkpoint; pass a new or empty folder, or one this trainer saved to")
 
 
+def writer_priority(cfg: TrainConfig):
+    """The writer's :class:`~nvrx_lab.checkpoint.priority.WriterPriority` from the ``--ckpt-writer-*`` flags."""
+    from nvrx_lab.checkpoint.priority import WriterPriority
+
+    try:
+        cpus = tuple(int(c) for c in cfg.ckpt_writer_cpus.split(",") if c.strip())
+    except ValueError:
+        raise ValueError(f"--ckpt-writer-cpus must be comma-separated core numbers such as 90,91; got "
+                         f"{cfg.ckpt_writer_cpus!r}") from None
+    try:
+        return WriterPriority(cfg.ckpt_writer_nice, cfg.ckpt_writer_ionice, cpus)
+    except ValueError as e:
+        raise ValueError(f"--ckpt-{e}") from None
+
+
 def make_checkpointer(cfg: TrainConfig, ctx: DistContext, events: EventLog):
     if cfg.ckpt == "none":
         return None
@@ -124,7 +140,8 @@ def make_checkpointer(cfg: TrainConfig, ctx: DistContext, events: EventLog):
 
     # The writer process is spawned now (async only), so its start-up overlaps building the model.
     storage = AsyncCheckpointer(cfg.ckpt_dir, keep_last=cfg.ckpt_keep, write_bandwidth=cfg.ckpt_write_bandwidth,
-                                process_group=ctx.cpu_group, emit=events.emit, start_writer=cfg.ckpt == "async")
+                                process_group=ctx.cpu_group, emit=events.emit, start_writer=cfg.ckpt == "async",
+                                writer_priority=writer_priority(cfg))
     if not cfg.local_ckpt_interval:
         return storage
     from nvrx_lab.checkpoint.local import LocalCheckpointer

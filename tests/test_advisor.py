@@ -37,3 +37,22 @@ def test_advise_maximises_expected_goodput():
 def test_crashloop_delay_doubles_to_kubelets_cap():
     assert [crashloop_delay(i) for i in (1, 2, 3)] == [20.0, 30.0, 50.0]  # 10 s pod restart + 10, 20, 40 s back-off
     assert crashloop_delay(10) == 310.0 and crashloop_delay(1, 10.0, time_scale=0.1) == pytest.approx(2.0)
+
+
+def test_local_checkpoints_cover_most_failures_so_storage_saves_space_out():
+    seeds = dict(step_s=1.0, write_s=275, mtbf_s=4 * 3600, restart_s=10, async_=True, stage_s=2)
+    storage_only = advise(**seeds)
+    by_coverage = [advise(**seeds, local_s=0.5, local_coverage=p) for p in (0.5, 0.9, 0.99)]
+    assert storage_only.local_interval_steps == 0
+    assert storage_only.interval_steps < by_coverage[0].interval_steps < by_coverage[1].interval_steps \
+        < by_coverage[2].interval_steps  # storage only has to cover the failures a local copy does not survive
+    assert storage_only.expected_goodput < by_coverage[0].expected_goodput < by_coverage[1].expected_goodput \
+        < by_coverage[2].expected_goodput
+    assert all(1 <= a.local_interval_steps <= a.interval_steps for a in by_coverage)
+    costly = advise(**seeds, local_s=5.0, local_coverage=0.9)
+    assert costly.local_interval_steps > by_coverage[1].local_interval_steps  # dearer snapshots, further apart
+    nothing_saved = expected_goodput(100, 275, 4 * 3600, 10, True, 2, local_interval_s=10, local_s=0, local_coverage=0)
+    assert nothing_saved == pytest.approx(expected_goodput(100, 275, 4 * 3600, 10, True, 2))
+    for bad in ({"local_s": -1}, {"local_s": 1, "local_coverage": 1.0}):
+        with pytest.raises(ValueError, match="local_s=.*local_coverage="):
+            advise(**seeds, **bad)

@@ -7,6 +7,7 @@ import logging
 import os
 import pickle
 
+import psutil
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
@@ -16,11 +17,13 @@ from nvrx_lab.checkpoint import (
     CheckpointCorruptError,
     CheckpointError,
     CheckpointNotFoundError,
+    WriterPriority,
     committed_steps,
     step_dir,
 )
+from nvrx_lab.checkpoint import throttle as throttle_mod
 from nvrx_lab.checkpoint.integrity import file_entry
-from nvrx_lab.checkpoint.throttle import Throttle, check_bandwidth
+from nvrx_lab.checkpoint.throttle import CHUNK, Throttle, check_bandwidth
 
 
 def make_state(seed: int = 0) -> dict:
@@ -266,3 +269,35 @@ def test_one_bandwidth_rule_none_or_zero_is_no_cap():
             check_bandwidth(bad, "--ckpt-write-bandwidth")
         with pytest.raises(ValueError, match="write_bandwidth"):
             Throttle(bad)
+
+
+def test_throttle_banks_no_more_than_one_chunk_of_unused_bandwidth(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(throttle_mod.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(throttle_mod.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    t = Throttle(CHUNK)  # one chunk per second
+    clock[0] += 50.0  # planning before the first byte is not credit
+    t.wait(CHUNK)
+    assert clock[0] == pytest.approx(151.0)
+    clock[0] += 10.0  # the writer was starved for 10 s mid-file
+    for _ in range(4):
+        t.wait(CHUNK)
+    assert clock[0] == pytest.approx(161.0 + 3.0), "one chunk of credit, then the cap again"
+
+
+@pytest.mark.timeout(120)
+def test_the_writer_yields_to_training_with_lower_cpu_and_io_priority(tmp_path):
+    me = psutil.Process()
+    with AsyncCheckpointer(tmp_path / "low") as low, \
+            AsyncCheckpointer(tmp_path / "same", writer_priority=WriterPriority(nice=0, ionice="none")) as same:
+        low_writer, same_writer = psutil.Process(low.start().writer_pid), psutil.Process(same.start().writer_pid)
+        assert low_writer.nice() == me.nice() + 10 and same_writer.nice() == me.nice()
+        try:
+            me.ionice()
+        except (OSError, psutil.Error):
+            pytest.skip("no ioprio_get here: the CPU priority above is what this box can show")
+        assert tuple(low_writer.ionice()) == (psutil.IOPRIO_CLASS_BE, 7)
+        assert tuple(same_writer.ionice()) == tuple(me.ionice())
+    for bad, field in ((20, "nice"), (-1, "nice"), ("rt", "ionice"), ((-2,), "cpus")):
+        with pytest.raises(ValueError, match=f"writer-{field} must be"):
+            WriterPriority(**{field: bad})

@@ -56,3 +56,12 @@ def test_timeline_draws(tmp_path):
     ax = plot_timeline(stream(), title="t")
     ax.figure.savefig(tmp_path / "t.png")
     assert (tmp_path / "t.png").stat().st_size > 1000
+
+
+def test_a_step_rank_0_completes_just_after_another_ranks_fault_is_not_the_recovery():
+    ev = stream()
+    fault = next(e for e in ev if e["kind"] == "fault")
+    ev.append({"t": fault["t"] + 0.05, "kind": "step", "rank": 0, "step": 5, "step_time": 0.5, "loss": 1.0})
+    fault["step"] = 6  # rank 1 failed in step 6 while rank 0 was still finishing step 5
+    (f,) = analyze(ev).faults
+    assert math.isclose(f.recovery_s, 2.0) and f.rollback_steps == 3  # steps 3, 4 and 5 redone

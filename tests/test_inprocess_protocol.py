@@ -13,7 +13,7 @@ import pytest
 
 from nvrx_lab.bench._scale_model import CountingClient, Ranks
 from nvrx_lab.inprocess import rendezvous
-from nvrx_lab.inprocess.monitor_process import Judge
+from nvrx_lab.inprocess.monitor_process import Judge, Progress
 from nvrx_lab.inprocess.rank_assignment import FillGaps, ShiftRanks
 from nvrx_lab.inprocess.store import RestartStore, connect, host
 from nvrx_lab.inprocess.watch import KeyWatch
@@ -159,3 +159,37 @@ def test_a_dead_store_host_ends_every_wait_with_an_error():
     finally:
         proc.kill()
         proc.wait(10)
+
+
+WRITER = """
+import sys, time
+from nvrx_lab.inprocess.monitor_process import Progress
+page, end = Progress(int(sys.argv[1])), time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:
+    page.write(armed=False)
+    page.write(armed=True)  # progress first, then armed
+"""
+
+
+@pytest.mark.timeout(60)
+def test_the_monitor_never_reads_half_a_progress_write():
+    """A rank writes its progress page while its monitor process reads it: an armed page must never come
+    with a progress time older than the arming (pack_into's zero-fill once read as 0, and a healthy rank
+    was killed for "no progress for 36,000 s")."""
+    page = Progress()
+    t0 = time.monotonic()
+    page.write(progress=t0, armed=False)
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(page.fd), "3"], pass_fds=(page.fd,))
+    try:
+        wait_for(lambda: page.read()[0] > t0, 30, "the writer's first write")
+        reads, torn = 0, []
+        while writer.poll() is None:
+            progress, _, armed, _ = page.read()
+            reads += 1
+            if armed and not t0 < progress <= time.monotonic():
+                torn.append(progress)
+        assert reads > 10_000 and not torn, f"{len(torn)} of {reads} reads saw an armed page with progress {torn[:3]}"
+    finally:
+        writer.kill()
+        writer.wait(10)
+        page.close()

@@ -10,6 +10,7 @@ benchmark can watch the event stream and strike at a chosen step. Every process 
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -60,13 +61,16 @@ class NodeJob:
             pod.proc = subprocess.Popen(pod.argv, env=pod.env, cwd=self.run.workdir, stdout=out,
                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
 
-    def lose_node(self, index: int) -> float:
+    def lose_node(self, index: int, memory: Path | None = None) -> float:
         """SIGKILL pod ``index`` (agent, workers, standby zygote: the whole tree at once), then start its
-        replacement, as the Job controller replaces a pod whose node is gone. Returns the kill's wall time."""
+        replacement, as the Job controller replaces a pod whose node is gone; ``memory``, the node's memory
+        folder (its ``/dev/shm``), goes with it. Returns the kill's wall time."""
         pod = self.run.pods[index]
         t = time.time()
         kill_tree(pod.proc.pid)
         pod.returncodes.append(pod.proc.wait(10))
+        if memory is not None:
+            shutil.rmtree(memory, ignore_errors=True)
         self.lost.append((index, t))
         self._start(pod)
         return t

@@ -5,7 +5,9 @@
 Efficiency = training throughput with saves / throughput without, from the wall-clock times of the
 trainer's ``step`` events (so the time a save blocks is counted wherever the trainer pays it). The
 write is capped (``--ckpt-write-bandwidth``) so that one checkpoint takes about as long as the
-shortest interval's compute — the regime of the seeds (a ~275 s FSx write every 100 steps). By
+shortest interval's compute — the regime of the seeds (a ~275 s FSx write every 100 steps). The async
+saves run twice: with the writer yielding to the ranks (the default: nice 10, the lowest best-effort
+I/O class) and at their priority (``async-same-priority``). By
 default the cap is calibrated: a short probe run measures the bytes a rank writes, a baseline run
 the step time. Expected shape: async ≥ 99.5 % where the interval's compute exceeds the write, async
 ≥ 2× sync where they are comparable.
@@ -28,6 +30,10 @@ from pathlib import Path
 from nvrx_lab.events import read_events
 from nvrx_lab.runner import Torchrun, Value, run, trainer
 from nvrx_lab.table import median, report
+
+SAME_PRIORITY = "async-same-priority"
+"""The async row with the writer at training's CPU and I/O priority (what the default, a writer that yields, is
+measured against)."""
 
 
 def run_trainer(workdir: Path, name: str, nproc: int, timeout: float, extra: Sequence[str] = (), **flags: Value) -> list[dict]:
@@ -77,6 +83,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--step-sleep", type=float, default=0.05, help="trainer --step-sleep: stand-in compute per step (s)")
     ap.add_argument("--train-args", nargs=argparse.REMAINDER, default=[], help="more trainer flags (last)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per trainer run")
+    ap.add_argument("--same-priority", action=argparse.BooleanOptionalAction, default=True,
+                    help=f"also run async with the writer at training's priority ({SAME_PRIORITY}: --ckpt-writer-nice 0 "
+                         "--ckpt-writer-ionice none) beside the default, a writer that yields (nice 10, best-effort:7)")
     ap.add_argument("--quick", action="store_true", help="intervals 4 8, 44 steps, warm-up 12 (CI smoke)")
     ap.add_argument("--out", default="build/bench/efficiency.json", help="JSON output")
     args = ap.parse_args(argv)
@@ -104,9 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="nvrx_bench_eff_"))
 
     def one_run(name: str, mode: str, k: int, bw: float | None) -> list[dict]:  # the probe: 4 steps, sync saves
+        same = {"ckpt_writer_nice": 0, "ckpt_writer_ionice": "none"} if mode == SAME_PRIORITY else {}
         return run_trainer(work, name, args.nproc, args.timeout, args.train_args,
-                           steps=4 if mode == "probe" else args.steps, ckpt="sync" if mode == "probe" else mode,
-                           ckpt_interval=k, step_sleep=args.step_sleep, ckpt_write_bandwidth=int(bw) if bw else None)
+                           steps=4 if mode == "probe" else args.steps,
+                           ckpt={"probe": "sync", SAME_PRIORITY: "async"}.get(mode, mode), ckpt_interval=k,
+                           step_sleep=args.step_sleep, ckpt_write_bandwidth=int(bw) if bw else None, **same)
 
     base_tp, step_time = throughput(one_run("none", "none", 0, None), args.warmup)
     bandwidth = args.write_bandwidth
@@ -120,14 +131,14 @@ def main(argv: list[str] | None = None) -> int:
     rows = [{"mode": "none", "interval": 0, "interval_compute_s": float("nan"), "write_s": 0.0,
              "steps_per_s": base_tp, "efficiency": 1.0, "save_block_med_s": 0.0, "commits": 0}]
     for k in args.intervals:
-        for mode in ("sync", "async"):
+        for mode in ("sync", "async", *([SAME_PRIORITY] if args.same_priority else [])):
             events = one_run(f"{mode}_{k}", mode, k, bandwidth)
             tp, _ = throughput(events, args.warmup)
             saves = [e["blocking_s"] for e in events if e["kind"] == "ckpt_save" and e.get("rank", 0) == 0]
             rows.append({"mode": mode, "interval": k, "interval_compute_s": k * step_time, "write_s": write_s,
                          "steps_per_s": tp, "efficiency": tp / base_tp, "save_block_med_s": median(saves),
                          "commits": sum(e["kind"] == "ckpt_commit" for e in events)})
-            print(f"  {mode:5s} every {k:3d}: efficiency {tp / base_tp:.3f}", flush=True)
+            print(f"  {mode} every {k:3d}: efficiency {tp / base_tp:.3f}", flush=True)
     shutil.rmtree(work, ignore_errors=True)
     checks = targets(args.intervals, step_time, write_s, {(r["mode"], r["interval"]): r["efficiency"] for r in rows})
     command = "python -m nvrx_lab.bench efficiency " + " ".join(argv if argv is not None else sys.argv[1:])

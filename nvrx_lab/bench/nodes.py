@@ -49,14 +49,17 @@ def fault_steps(a) -> list[int]:
     return [a.first_step + i * a.gap for i in range(a.faults)]
 
 
-def job_spec(restart: str, kind: str, a, name: str) -> JobSpec:
-    """The Job of one run: ``a.faults`` faults of ``kind`` on node ``a.node``, ``a.gap`` steps apart."""
+def job_spec(restart: str, kind: str, a, name: str, memory: Path) -> JobSpec:
+    """The Job of one run: ``a.faults`` faults of ``kind`` on node ``a.node``, ``a.gap`` steps apart; with local
+    checkpoints, node I keeps them in ``memory/node-I`` (its ``/dev/shm``: nodes on one box share the real one)."""
     rank = a.node * a.nproc + (1 if kind == "sigkill" else 0)
     faults = ",".join(f"{rank}:{s}:{kind}" for s in fault_steps(a)) if kind != "node-loss" else ""
+    local = ("--local-ckpt-dir", str(memory / "node-{node}")) if a.local_ckpt_interval else ()
     return JobSpec(name=name, image="local", nodes=a.nodes, mode=MODES[restart], steps=fault_steps(a)[-1] + a.gap,
-                   ckpt_interval=a.ckpt_interval, faults=faults, train_extra=TINY, max_restarts=3 * a.faults + 3,
+                   ckpt_interval=a.ckpt_interval, faults=faults, train_extra=(*TINY, *local), max_restarts=3 * a.faults + 3,
                    heartbeat_timeout=a.heartbeat_timeout, initial_heartbeat_timeout=60, monitor_interval=0.2,
-                   section_timeouts={"checkpoint": 30})
+                   section_timeouts={"checkpoint": 30}, local_ckpt_interval=a.local_ckpt_interval,
+                   local_ckpt_gib=1 if a.local_ckpt_interval else 0)
 
 
 def _steps_after(events: Path, t: float) -> list[dict]:
@@ -64,8 +67,9 @@ def _steps_after(events: Path, t: float) -> list[dict]:
         if events.exists() else []
 
 
-def strike(job: NodeJob, events: Path, a) -> None:
-    """Lose node ``a.node`` at each fault step (once training is past it again after the previous loss)."""
+def strike(job: NodeJob, events: Path, a, memory: Path) -> None:
+    """Lose node ``a.node`` (and its memory) at each fault step (once training is past it again after the previous
+    loss)."""
     since = 0.0
     for step in fault_steps(a):
         def reached() -> bool:
@@ -74,7 +78,7 @@ def strike(job: NodeJob, events: Path, a) -> None:
             return any(e["step"] >= step for e in _steps_after(events, since))  # noqa: B023
 
         wait_for(reached, job.timeout_s, f"training to reach step {step}", interval=0.05)
-        since = job.lose_node(a.node)
+        since = job.lose_node(a.node, memory / f"node-{a.node}")
 
 
 def recoveries(events: list[dict], faults: list[float]) -> list[float | None]:
@@ -91,14 +95,15 @@ def recoveries(events: list[dict], faults: list[float]) -> list[float | None]:
 
 def run_job(restart: str, kind: str, a, workdir: Path) -> dict:
     """One Job of ``a.faults`` faults: recovery times, launcher detection, pod failures, the restart log."""
-    name = "nodes"  # each Job has a folder of its own (its FSx, its metrics)
-    manifests = render(job_spec(restart, kind, a, name))
+    name = "nodes"  # each Job has a folder of its own (its FSx, its metrics, its nodes' memories)
+    memory = workdir / "memory"
+    manifests = render(job_spec(restart, kind, a, name, memory))
     t0, error = time.monotonic(), None
     with NodeJob(manifests, workdir, a.nproc, a.job_timeout, a.rdzv_conf) as job:
         events = job.run.local_path(f"/fsx/{name}/metrics.jsonl")
         try:
             if kind == "node-loss":
-                strike(job, events, a)
+                strike(job, events, a, memory)
             wait_for(job.poll, a.job_timeout, "every pod to exit 0", interval=0.1)
         except JobFailed as e:
             error = str(e)
@@ -107,10 +112,17 @@ def run_job(restart: str, kind: str, a, workdir: Path) -> dict:
         lines = job.log_lines(*LOG_MARKS)
     ev = read_events(events) if events.exists() else []
     faults = [t for _, t in job.lost] if kind == "node-loss" else [e["t"] for e in ev if e["kind"] == "fault"]
+    resumed = [e for e in ev if e["kind"] == "resume" and faults and e["t"] > min(faults)]
     return {"recovery": recoveries(ev, faults), "injected": len(faults), "pod_failures": job.pod_failures,
+            "sources": [e.get("source") for e in resumed], "rollback": [e.get("rollback_steps") for e in resumed],
             "detect": [e["detect_s"] for e in ev if e["kind"] == "launcher_failure" and e.get("detect_s")],
             "respawn": [e["respawn_s"] for e in ev if e["kind"] == "launcher_restart" and e.get("respawn_s")],
             "left": job.left, "error": error, "restart_log": lines, "wall_s": time.monotonic() - t0, "events": events}
+
+
+def sources(resumed: list[str | None]) -> str:
+    """``"local 24, peer 4"``: where the ranks' resumes after the first fault restored from."""
+    return ", ".join(f"{s} {resumed.count(s)}" for s in sorted({str(s) for s in resumed})) or "-"
 
 
 def run_row(restart: str, kind: str, a, tmp: Path) -> dict:
@@ -126,6 +138,8 @@ def run_row(restart: str, kind: str, a, tmp: Path) -> dict:
            "pod_failures": sum(job["pod_failures"] for job in jobs),
            "job": "ok" if not any(job["error"] for job in jobs) else "FAILED",
            "left_running": sum(len(job["left"]) for job in jobs), "wall_s": sum(job["wall_s"] for job in jobs),
+           "resumed_from": sources([s for job in jobs for s in job["sources"]]),
+           "max_rollback": max((r for job in jobs for r in job["rollback"] if r is not None), default=None),
            "restart_log": [job["restart_log"] for job in jobs]}
     errors = [job["error"] for job in jobs if job["error"]] + [f"left running: {job['left']}" for job in jobs if job["left"]]
     if errors:
@@ -147,6 +161,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--first-step", type=int, default=6, help="step of the first fault")
     ap.add_argument("--gap", type=int, default=8, help="steps between faults")
     ap.add_argument("--ckpt-interval", type=int, default=3)
+    ap.add_argument("--local-ckpt-interval", type=int, default=0,
+                    help="the trainer's --local-ckpt-interval (0: off); a lost node loses its memory folder too")
     ap.add_argument("--heartbeat-timeout", type=float, default=3.0, help="the launcher's steady heartbeat timeout (s)")
     ap.add_argument("--rdzv-conf", default="", help="extra c10d settings, e.g. keep_alive_interval=1 (default: as shipped)")
     ap.add_argument("--job-timeout", type=float, default=0, help="bound on one Job (s); 0: 120 + 90 per fault")
@@ -177,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     report("nodes", rows, a.out, "python -m nvrx_lab.bench nodes " + shlex.join(argv),
            extra={"nodes": a.nodes, "nproc_per_node": a.nproc, "faults_per_job": a.faults, "jobs_per_row": a.jobs},
            columns=["restart", "fault", "recovered", "median_s", "p95_s", "detect_s", "respawn_s", "pod_failures", "job",
-                    "left_running", "wall_s"])
+                    "left_running", "resumed_from", "max_rollback", "wall_s"])
     return 1 if any("error" in r for r in rows) else 0
 
 

@@ -48,8 +48,9 @@ from .commit import KeepLast, committed_steps, step_dir
 from .config import CheckpointerConfig
 from .errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError, CheckpointWriteError, CheckpointWriterDied
 from .integrity import verify
+from .priority import WriterPriority
 from .throttle import Throttle
 
 __all__ = ["AsyncCheckpointer", "CheckpointerConfig", "KeepLast", "committed_steps", "step_dir", "verify",
            "Throttle", "CheckpointError", "CheckpointWriteError", "CheckpointWriterDied", "CheckpointCorruptError",
-           "CheckpointNotFoundError"]
+           "CheckpointNotFoundError", "WriterPriority"]

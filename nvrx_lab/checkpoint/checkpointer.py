@@ -63,7 +63,7 @@ class AsyncCheckpointer:
         if dist.is_available() and dist.is_initialized():
             self._bind(process_group)
         self._buffer = StagingBuffer(tag=f"r{self.rank}")
-        self._writer = WriterProcess(self.rank) if self.config.start_writer else None
+        self._writer = WriterProcess(self.rank, self.config.writer_priority) if self.config.start_writer else None
         self._pending: list[dict] = []  # rank 0: saves waiting to be committed, oldest first
         self._errors: list[CheckpointError] = []
         self._fallbacks_logged: set[tuple[int, str]] = set()
@@ -249,7 +249,7 @@ class AsyncCheckpointer:
         if self._writer is not None:
             self._writer.close()
             self._buffer.release()  # the old writer removed the region's name; the new writer maps a new one
-        self._writer = WriterProcess(self.rank)
+        self._writer = WriterProcess(self.rank, self.config.writer_priority)
 
     def _supersede(self, unsent: dict, step: int) -> None:
         """Drop a save its writer never received (it was still starting) in favour of ``step``; the

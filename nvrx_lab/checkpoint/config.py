@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from .priority import WriterPriority
 
 
 @dataclass
@@ -21,3 +23,5 @@ class CheckpointerConfig:
     """Seconds rank 0 waits in a blocking finalize for every rank to post its outcome (:mod:`.completion`)."""
     start_writer: bool = True
     """Spawn the writer at construction (hides its ~2 s start-up); False: at the first ``async_save``."""
+    writer_priority: WriterPriority = field(default_factory=WriterPriority)
+    """How the writer yields to training: nice, I/O class, cores (:mod:`.priority`)."""

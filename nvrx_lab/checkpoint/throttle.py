@@ -37,11 +37,15 @@ def check_bandwidth(value: float | None, name: str = "write_bandwidth") -> float
 
 @dataclass
 class Throttle:
-    """Token-bucket style cap: ``wait(n)`` sleeps until ``n`` more bytes fit under ``bandwidth``."""
+    """Token-bucket style cap: ``wait(n)`` sleeps until ``n`` more bytes fit under ``bandwidth``.
+
+    Storage does not bank bandwidth a writer left unused: the clock starts at the first ``wait`` after
+    :meth:`reset`, and a writer that fell behind (planning, a loaded CPU) gets at most one
+    :data:`CHUNK` of credit, so it never bursts through the rest of a file at page-cache speed."""
 
     bandwidth: float | None = None
     """Bytes per second; ``None`` or ``0`` means unlimited (:func:`check_bandwidth`)."""
-    _start: float = field(default=0.0, repr=False)
+    _start: float | None = field(default=None, repr=False)
     _sent: int = field(default=0, repr=False)
 
     def __post_init__(self):
@@ -49,16 +53,20 @@ class Throttle:
         self.reset()
 
     def reset(self) -> None:
-        self._start = time.monotonic()
+        self._start = None
         self._sent = 0
 
     def wait(self, nbytes: int) -> None:
         self._sent += nbytes
         if not self.bandwidth:
             return
+        if self._start is None:
+            self._start = time.monotonic()
         due = self._start + self._sent / self.bandwidth
         delay = due - time.monotonic()
-        if delay > 0:
+        if delay < -CHUNK / self.bandwidth:
+            self._start -= delay  # behind by more than a chunk: this one goes free, the rest pays again
+        elif delay > 0:
             time.sleep(delay)
 
 

@@ -21,7 +21,8 @@ without an ``if __name__ == "__main__":`` guard all over again. Until the writer
 (it imports torch, ~2 s), a request waits in the trainer (:class:`WriterProcess` sends it then), so
 staging never waits for the writer to be up; a newer save replaces a request not sent yet.
 
-The writer maps the staging region (once per region), builds exact-size tensor views over it,
+The writer lowers its own CPU and I/O priority first (:mod:`.priority`: it yields to the ranks).
+It maps the staging region (once per region), builds exact-size tensor views over it,
 writes with :func:`~.shards.write_shards` and answers; it writes nothing else.
 Once mapped, the region's name is removed, so a trainer killed mid-write leaves nothing in
 ``/dev/shm`` (one killed while staging, before the writer mapped the region, still does).
@@ -49,6 +50,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from nvrx_lab.net import wait_for
+
+from .priority import WriterPriority
 
 log = logging.getLogger(__name__)
 PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
@@ -84,8 +87,10 @@ def _exit_with_trainer(death_fd: int) -> None:
     os._exit(1)
 
 
-def writer_main(conn_fd: int, death_fd: int) -> None:
-    """The writer process: serve requests until ``None`` or the trainer's death."""
+def writer_main(conn_fd: int, death_fd: int, **priority) -> None:
+    """The writer process: lower its priority (:class:`~.priority.WriterPriority` ``**priority``), then
+    serve requests until ``None`` or the trainer's death."""
+    not_applied = WriterPriority(**priority).apply()
     threading.Thread(target=_exit_with_trainer, args=(death_fd,), daemon=True, name="nvrx-ckpt-trainer-watch").start()
     if hasattr(signal, "SIGXFSZ"):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
@@ -94,7 +99,7 @@ def writer_main(conn_fd: int, death_fd: int) -> None:
     from . import shards  # noqa: F401 - imports torch: the slow part of the start-up
 
     regions: dict = {}
-    conn.send(("ready", None, {"pid": os.getpid()}))
+    conn.send(("ready", None, {"pid": os.getpid(), "not_applied": not_applied}))
     while True:
         try:
             msg = conn.recv()
@@ -112,9 +117,10 @@ def writer_main(conn_fd: int, death_fd: int) -> None:
         mm.close()
 
 
-def command(conn_fd: int, death_fd: int) -> list[str]:
+def command(conn_fd: int, death_fd: int, priority: WriterPriority) -> list[str]:
     """A clean interpreter running :func:`writer_main` (never the trainer's ``__main__``)."""
-    return [sys.executable, "-c", f"from nvrx_lab.checkpoint.writer import writer_main; writer_main({conn_fd}, {death_fd})"]
+    return [sys.executable, "-c", "from nvrx_lab.checkpoint.writer import writer_main; "
+            f"writer_main({conn_fd}, {death_fd}, {priority.as_args()})"]
 
 
 class WriterProcess:
@@ -123,7 +129,7 @@ class WriterProcess:
     One request at a time. A request submitted before the writer is ready is held here and sent by
     the reader thread when ``ready`` arrives; :meth:`replace_unsent` swaps it for a newer one."""
 
-    def __init__(self, rank: int = 0):
+    def __init__(self, rank: int = 0, priority: WriterPriority | None = None):
         self.rank = rank
         ours, theirs = socket.socketpair()
         death_r, self._death_w = os.pipe()  # both ends non-inheritable: only the writer gets death_r
@@ -131,7 +137,7 @@ class WriterProcess:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [PACKAGE_PARENT, os.environ.get("PYTHONPATH")]))}
         try:
             self.process = subprocess.Popen(
-                command(theirs.fileno(), death_r),
+                command(theirs.fileno(), death_r, priority or WriterPriority()),
                 pass_fds=(theirs.fileno(), death_r), stdin=subprocess.DEVNULL, stdout=self._stderr,
                 stderr=self._stderr, env=env)
         finally:
@@ -156,6 +162,8 @@ class WriterProcess:
                 self._responses.put(None)  # the writer is gone (or closed)
                 return
             if kind == "ready":
+                for why in info.get("not_applied", ()):
+                    log.warning("checkpoint writer of rank %d runs at the trainer's priority: %s", self.rank, why)
                 with self._lock:
                     self._ready.set()
                     if self._unsent is not None:

@@ -40,11 +40,20 @@ from nvrx_lab.net import wait_for
 
 from .rank_assignment import ShiftRanks
 
-_LAYOUT = struct.Struct("<dqqq")  # last_progress (monotonic s), iteration, armed, finished
+_FIELDS = {"progress": (0, "<d"), "iteration": (8, "<q"), "armed": (16, "<q"), "finished": (24, "<q")}
+"""Offset and format of each field of the shared page, one aligned 8-byte word each."""
 
 
 class Progress:
-    """The shared page between a rank and its monitor process (both sides use this class)."""
+    """The shared page between a rank and its monitor process (both sides use this class).
+
+    The monitor reads while the rank writes, from another process, so no read may see half a write.
+    ``struct.pack_into`` zero-fills its target before packing into it: a read in between saw
+    ``progress == 0`` with ``armed`` set, and the monitor killed a healthy rank for "no progress for
+    36,000 s" (the box's uptime). So every field is one aligned 8-byte word, written by a single copy
+    of packed bytes; the rank writes ``progress`` before ``armed``, and the monitor reads ``armed``
+    before ``progress`` (stores and loads keep their order on x86-64), so an armed page never comes
+    with a progress time older than the arming."""
 
     def __init__(self, fd: int | None = None):
         if fd is None:
@@ -53,16 +62,24 @@ class Progress:
         self.fd = fd
         self.map = mmap.mmap(fd, mmap.PAGESIZE)
 
+    def _put(self, name: str, value) -> None:
+        offset, fmt = _FIELDS[name]
+        self.map[offset:offset + 8] = struct.pack(fmt, value)
+
+    def _get(self, name: str):
+        offset, fmt = _FIELDS[name]
+        return struct.unpack(fmt, self.map[offset:offset + 8])[0]
+
     def write(self, *, progress: float | None = None, iteration: int | None = None,
               armed: bool | None = None, finished: bool | None = None) -> None:
-        p, it, a, f = _LAYOUT.unpack_from(self.map, 0)
-        _LAYOUT.pack_into(self.map, 0, time.monotonic() if progress is None else progress,
-                          it if iteration is None else iteration,
-                          a if armed is None else int(armed), f if finished is None else int(finished))
+        self._put("progress", time.monotonic() if progress is None else progress)
+        for name, value in (("iteration", iteration), ("armed", armed), ("finished", finished)):
+            if value is not None:
+                self._put(name, int(value))
 
     def read(self) -> tuple[float, int, bool, bool]:
-        p, it, a, f = _LAYOUT.unpack_from(self.map, 0)
-        return p, it, bool(a), bool(f)
+        finished, armed, iteration = (self._get(n) for n in ("finished", "armed", "iteration"))
+        return self._get("progress"), iteration, bool(armed), bool(finished)
 
     def close(self) -> None:
         self.map.close()

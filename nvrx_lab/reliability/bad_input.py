@@ -71,6 +71,8 @@ def cases(work: Path) -> list[tuple[str, list[str], list[str]]]:
         ("trainer: local checkpoints without storage", train(local_ckpt_interval=1),
          ["--local-ckpt-interval needs --ckpt sync|async"]),
         ("trainer: async without a folder", train(ckpt="async"), ["--ckpt async needs --ckpt-dir"]),
+        ("trainer: writer I/O class", train(ckpt="async", ckpt_dir=f"{w}/new", ckpt_writer_ionice="rt"),
+         ["--ckpt-writer-ionice must be one of", "best-effort:7", "'rt'"]),
         ("trainer: --ckpt-interval 0", train(ckpt="sync", ckpt_dir=f"{w}/new", ckpt_interval=0),
          ["--ckpt-interval must be >= 1"]),
         ("trainer: fault schedule", train(faults="1:x:hang"), ["--faults entry '1:x:hang'", "integers"]),

@@ -1,0 +1,70 @@
+"""The writer yields to training: lower CPU and I/O priority, optionally its own cores.
+
+A writer process shares the node with the ranks it writes for. At the same priority the kernel splits
+a core between them, so a checksum or a page-cache copy that happens to run while a rank computes
+slows that rank's step, and a synchronous job waits for its slowest rank. The writer has time (it
+only has to finish before the next save); the ranks do not. So it starts at a higher ``nice`` value,
+in the lowest best-effort I/O class, and, if asked, on cores of its own (on p5 the host has 192 vCPUs
+for 8 GPUs: a few for the writers cost training nothing).
+
+``ionice`` acts only under an I/O scheduler that honours priorities (BFQ, CFQ); with ``none`` or
+``mq-deadline`` on NVMe, and on Lustre, where the bottleneck is the network, it changes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+IONICE_CLASSES = ("none", "idle", "best-effort:0", "best-effort:1", "best-effort:2", "best-effort:3", "best-effort:4",
+                  "best-effort:5", "best-effort:6", "best-effort:7")
+
+
+@dataclass(frozen=True)
+class WriterPriority:
+    """How the writer process yields to training (applied by the writer itself, at start)."""
+
+    nice: int = 10
+    """Added to the trainer's niceness (0 = the same CPU priority; 19 = the lowest)."""
+    ionice: str = "best-effort:7"
+    """I/O class: ``best-effort:0`` … ``best-effort:7`` (7 lowest), ``idle`` (only when no one else
+    reads or writes: a busy data loader can starve it), or ``none`` (inherit)."""
+    cpus: tuple[int, ...] = ()
+    """Cores the writer runs on (empty = the trainer's)."""
+
+    def __post_init__(self):
+        if isinstance(self.nice, bool) or not isinstance(self.nice, int) or not 0 <= self.nice <= 19:
+            raise ValueError(f"writer-nice must be an int in 0..19 (added to the trainer's), got {self.nice!r}")
+        if self.ionice not in IONICE_CLASSES:
+            raise ValueError(f"writer-ionice must be one of {', '.join(IONICE_CLASSES)}; got {self.ionice!r}")
+        cpus = tuple(self.cpus)
+        if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in cpus):
+            raise ValueError(f"writer-cpus must be core numbers >= 0, got {self.cpus!r}")
+        object.__setattr__(self, "cpus", cpus)
+
+    def apply(self) -> list[str]:
+        """Lower this process's priority; returns what could not be applied (and why), never raises."""
+        import psutil
+
+        skipped = []
+        if self.nice:
+            os.nice(self.nice)
+        if self.ionice != "none":
+            cls, _, level = self.ionice.partition(":")
+            try:
+                if cls == "idle":
+                    psutil.Process().ionice(psutil.IOPRIO_CLASS_IDLE)
+                else:
+                    psutil.Process().ionice(psutil.IOPRIO_CLASS_BE, int(level))
+            except (OSError, psutil.Error) as e:  # a sandbox without ioprio_set: the CPU priority still holds
+                skipped.append(f"ionice {self.ionice}: {e}")
+        if self.cpus:
+            try:
+                os.sched_setaffinity(0, self.cpus)
+            except OSError as e:  # a core this container does not have
+                skipped.append(f"cpus {list(self.cpus)}: {e}")
+        return skipped
+
+    def as_args(self) -> str:
+        """Python source of the keyword arguments that rebuild it in the writer's command line."""
+        return f"nice={self.nice!r}, ionice={self.ionice!r}, cpus={self.cpus!r}"
