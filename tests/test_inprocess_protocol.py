@@ -193,3 +193,21 @@ def test_the_monitor_never_reads_half_a_progress_write():
         writer.kill()
         writer.wait(10)
         page.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_restart_spread_over_processes_counts_as_in_one():
+    """bench scale's restart with its simulated ranks in 3 worker processes (as at 1,024 ranks) takes the same
+    store operations as all of them in one process."""
+    from nvrx_lab.bench._scale_model import measure_restart
+    from nvrx_lab.bench._scale_procs import measure_restart_procs
+
+    spread = measure_restart_procs(9, 3, timeout=60)
+    port = free_port()
+    server = host(port)
+    try:
+        together = measure_restart(Ranks(9, port), timeout=60)
+    finally:
+        del server
+    assert spread["processes"] == 3 and spread["store_ops_per_restart"] == together["store_ops_per_restart"]
+    assert 0 < spread["restart_s"] < 60

@@ -86,6 +86,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--same-priority", action=argparse.BooleanOptionalAction, default=True,
                     help=f"also run async with the writer at training's priority ({SAME_PRIORITY}: --ckpt-writer-nice 0 "
                          "--ckpt-writer-ionice none) beside the default, a writer that yields (nice 10, best-effort:7)")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs of every mode and interval, interleaved with a run without saves; medians")
     ap.add_argument("--quick", action="store_true", help="intervals 4 8, 44 steps, warm-up 12 (CI smoke)")
     ap.add_argument("--out", default="build/bench/efficiency.json", help="JSON output")
     args = ap.parse_args(argv)
@@ -128,17 +130,24 @@ def main(argv: list[str] | None = None) -> int:
     if not bandwidth:
         bandwidth = bytes_per_rank / (0.9 * min(args.intervals) * step_time)
     write_s = bytes_per_rank / bandwidth
+    modes = ("sync", "async", *([SAME_PRIORITY] if args.same_priority else []))
+    runs: dict[tuple[str, int], list[dict]] = {}
+    for r in range(args.repeats):  # interleaved: a slow minute of a shared box hits every mode alike
+        base = base_tp if r == 0 else throughput(one_run("none", "none", 0, None), args.warmup)[0]
+        for k in args.intervals:
+            for mode in modes:
+                events = one_run(f"{mode}_{k}", mode, k, bandwidth)
+                tp, _ = throughput(events, args.warmup)
+                saves = [e["blocking_s"] for e in events if e["kind"] == "ckpt_save" and e.get("rank", 0) == 0]
+                runs.setdefault((mode, k), []).append({"tp": tp, "eff": tp / base, "block": median(saves),
+                                                       "commits": sum(e["kind"] == "ckpt_commit" for e in events)})
+                print(f"  {mode} every {k:3d}: efficiency {tp / base:.3f}", flush=True)
     rows = [{"mode": "none", "interval": 0, "interval_compute_s": float("nan"), "write_s": 0.0,
              "steps_per_s": base_tp, "efficiency": 1.0, "save_block_med_s": 0.0, "commits": 0}]
-    for k in args.intervals:
-        for mode in ("sync", "async", *([SAME_PRIORITY] if args.same_priority else [])):
-            events = one_run(f"{mode}_{k}", mode, k, bandwidth)
-            tp, _ = throughput(events, args.warmup)
-            saves = [e["blocking_s"] for e in events if e["kind"] == "ckpt_save" and e.get("rank", 0) == 0]
-            rows.append({"mode": mode, "interval": k, "interval_compute_s": k * step_time, "write_s": write_s,
-                         "steps_per_s": tp, "efficiency": tp / base_tp, "save_block_med_s": median(saves),
-                         "commits": sum(e["kind"] == "ckpt_commit" for e in events)})
-            print(f"  {mode} every {k:3d}: efficiency {tp / base_tp:.3f}", flush=True)
+    rows += [{"mode": mode, "interval": k, "interval_compute_s": k * step_time, "write_s": write_s,
+              "steps_per_s": median([x["tp"] for x in got]), "efficiency": median([x["eff"] for x in got]),
+              "save_block_med_s": median([x["block"] for x in got]), "commits": got[0]["commits"], "runs": len(got)}
+             for (mode, k), got in runs.items()]
     shutil.rmtree(work, ignore_errors=True)
     checks = targets(args.intervals, step_time, write_s, {(r["mode"], r["interval"]): r["efficiency"] for r in rows})
     command = "python -m nvrx_lab.bench efficiency " + " ".join(argv if argv is not None else sys.argv[1:])

@@ -127,8 +127,7 @@ class RestartLoop:
             # the failed attempt goes now (own_exc was detached from its frames; its own attributes
             # may hold data too), and the cache only after the health check's bounded synchronize
             own = own_exc = None
-            teardown.collect_garbage()
-            self.progress.write()
+            teardown.collect_garbage(on_round=self.progress.write)
             teardown.release_cuda_cache()
             record.cuda_peak_bytes, record.cuda_left_bytes = teardown.cuda_memory()
             record.health_s = time.monotonic() - t0
@@ -262,8 +261,7 @@ class RestartLoop:
         return record
 
     def _emit_unarmed(self, record: RestartRecord, records: dict) -> None:
-        """From the wrapped function's first ping: the record is written whole or not at all (an
-        interrupt meanwhile is ignored here; the monitor sends it again once re-armed)."""
+        """At the first ping: the record is written whole or not at all (the monitor re-sends an interrupt)."""
         armed, self.interrupter.armed = self.interrupter.armed, False
         try:
             self._emit(record, records)

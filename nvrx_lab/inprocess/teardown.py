@@ -86,13 +86,16 @@ def detach_exception(exc: BaseException | None) -> BaseException | None:
     return exc
 
 
-def collect_garbage(max_rounds: int = 20) -> int:
+def collect_garbage(max_rounds: int = 20, on_round=None) -> int:
     """``gc.collect()`` until a round finds nothing (freeing one cycle can orphan another);
-    returns the number of objects collected."""
+    returns the number of objects collected. ``on_round()`` after each round (a progress write: on
+    a busy host the rounds of many ranks at once take seconds, which is no hang)."""
     total = 0
     for _ in range(max_rounds):
         n = gc.collect()
         total += n
+        if on_round is not None:
+            on_round()
         if n == 0:
             break
     return total

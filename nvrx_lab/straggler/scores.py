@@ -19,7 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 Medians = list[dict[str, float]]
-"""Per rank (the list index), per section: the median seconds of one reporting interval."""
+"""Per rank (the list index), per section: the seconds of one reporting interval (its steps' median, or the low
+quantile :class:`~.detector.Detector` gathers)."""
 
 
 def _ratio(best: float, own: float) -> float:
