@@ -39,7 +39,7 @@ def test_a_script_without_main_guard_checkpoints_and_is_not_rerun(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_a_writer_that_cannot_start_says_why_at_once(monkeypatch):
-    monkeypatch.setattr(writer, "command", lambda conn_fd, death_fd: [
+    monkeypatch.setattr(writer, "command", lambda conn_fd, death_fd, priority: [
         sys.executable, "-c", "import sys; print('ImportError: no module named fast_storage', file=sys.stderr); sys.exit(3)"])
     proc = writer.WriterProcess(rank=5)
     t0 = time.monotonic()

@@ -91,6 +91,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="intervals 4 8, 44 steps, warm-up 12 (CI smoke)")
     ap.add_argument("--out", default="build/bench/efficiency.json", help="JSON output")
     args = ap.parse_args(argv)
+    if args.repeats < 1:
+        ap.error(f"--repeats must be >= 1, got {args.repeats}")
     if args.quick:
         args.intervals, args.steps, args.warmup = [4, 8], 44, 12
     return args

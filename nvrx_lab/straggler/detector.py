@@ -2,16 +2,10 @@
 =======================================================================================
 
 Each rank keeps its own section times per step (:class:`~.timers.ComputeTimer`). Every ``interval``
-steps :meth:`Detector.report` reduces them to one figure per section and gathers those few floats
+steps :meth:`Detector.report` reduces them to one median per section and gathers those few floats
 from every rank over the CPU (gloo) group — ``8 × sections`` bytes a rank, ``O(N)`` in all — so every
 rank holds the same matrix and computes the same :class:`~.scores.Report`: relative and individual
-scores, and the ranks whose ``compute`` score is below ``threshold``.
-
-The figure is a low quantile of the interval's steps (``quantile``, the 25th percentile by default),
-not their median: what other processes do to a rank (preemption, a shared cache) only ever adds
-time, so a rank's faster steps say more about its own speed. A throttled rank is slower in every
-step, its fast ones too. On this 2-core box the median let a healthy rank score 0.68 in a quiet run,
-the score of a rank slowed 1.5×. Such a rank is *named* a
+scores, and the ranks whose ``compute`` score is below ``threshold``. Such a rank is *named* a
 straggler once it was below in ``patience`` consecutive reports (default 2: one noisy interval on a
 shared machine names nobody; a rank slowed for good is named at the second report).
 
@@ -22,6 +16,7 @@ error propagates to the caller like any failed collective.
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import torch
@@ -31,16 +26,11 @@ from .scores import Medians, Report, best_so_far, identify_stragglers, individua
 from .timers import SECTIONS
 
 
-def low_quantile(values: list[float], q: float) -> float:
-    """The ``q`` quantile of ``values`` (the nearest sample at or below it; 0.0 for none)."""
-    return sorted(values)[int(q * (len(values) - 1))] if values else 0.0
-
-
 class Detector:
     """Scores every rank every ``interval`` steps (NVRx: ``straggler.Detector``)."""
 
     def __init__(self, interval: int = 10, threshold: float = 0.75, group: dist.ProcessGroup | None = None,
-                 sections: tuple[str, ...] = ("compute", *SECTIONS), patience: int = 2, quantile: float = 0.25):
+                 sections: tuple[str, ...] = ("compute", *SECTIONS), patience: int = 2):
         if interval < 1:
             raise ValueError(f"Detector interval must be >= 1 step, got {interval}")
         if not 0.0 < threshold <= 1.0:
@@ -48,9 +38,7 @@ class Detector:
         self.interval, self.threshold, self.group = interval, threshold, group
         if patience < 1:
             raise ValueError(f"Detector patience must be >= 1 report, got {patience}")
-        if not 0.0 <= quantile <= 1.0:
-            raise ValueError(f"Detector quantile must be in [0, 1] (0.5: the median), got {quantile}")
-        self.sections, self.patience, self.quantile = sections, patience, quantile
+        self.sections, self.patience = sections, patience
         self.steps: list[dict[str, float]] = []
         self.history: Medians = []
         self.strikes: dict[int, int] = {}
@@ -65,8 +53,7 @@ class Detector:
         return step % self.interval == 0
 
     def own_medians(self) -> list[float]:
-        """This rank's figure per section: the ``quantile`` of its steps since the last report (0.0 if none)."""
-        return [low_quantile([t.get(s, 0.0) for t in self.steps], self.quantile) for s in self.sections]
+        return [statistics.median(t.get(s, 0.0) for t in self.steps) if self.steps else 0.0 for s in self.sections]
 
     def gather(self, own: list[float]) -> Medians:
         """Every rank's medians; one all-gather of ``len(sections)`` float64 per rank."""

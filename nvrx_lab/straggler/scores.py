@@ -19,8 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 Medians = list[dict[str, float]]
-"""Per rank (the list index), per section: the seconds of one reporting interval (its steps' median, or the low
-quantile :class:`~.detector.Detector` gathers)."""
+"""Per rank (the list index), per section: the median seconds of one reporting interval."""
 
 
 def _ratio(best: float, own: float) -> float:
