@@ -56,10 +56,10 @@ class TrainConfig(ModelConfig):
     ever waits; one taken while the writer starts is held, and a newer one replaces it."""
     ckpt_write_bandwidth: float = 0.0
     """Cap on each rank's write speed in bytes/s, a stand-in for a loaded shared filesystem (0 = no cap)."""
-    ckpt_writer_nice: int = 10
-    """Async: niceness the writer process adds to the trainer's, 0..19 (0 = training's CPU priority): it yields
-    the cores to the ranks (nvrx_lab.checkpoint.priority)."""
-    ckpt_writer_ionice: str = "best-effort:7"
+    ckpt_writer_nice: int = 0
+    """Async: niceness the writer process adds to the trainer's, 0..19 (0 = training's CPU priority; 10 yields
+    the cores to the ranks: nvrx_lab.checkpoint.priority)."""
+    ckpt_writer_ionice: str = "none"
     """Async: the writer's I/O class: best-effort:0 .. best-effort:7 (lowest), idle, or none (inherit)."""
     ckpt_writer_cpus: str = ""
     """Async: cores the writer processes run on, e.g. 90,91 (empty = the trainer's)."""

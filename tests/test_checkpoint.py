@@ -288,7 +288,7 @@ def test_throttle_banks_no_more_than_one_chunk_of_unused_bandwidth(monkeypatch):
 @pytest.mark.timeout(120)
 def test_the_writer_yields_to_training_with_lower_cpu_and_io_priority(tmp_path):
     me = psutil.Process()
-    with AsyncCheckpointer(tmp_path / "low") as low, \
+    with AsyncCheckpointer(tmp_path / "low", writer_priority=WriterPriority(nice=10, ionice="best-effort:7")) as low, \
             AsyncCheckpointer(tmp_path / "same", writer_priority=WriterPriority(nice=0, ionice="none")) as same:
         low_writer, same_writer = psutil.Process(low.start().writer_pid), psutil.Process(same.start().writer_pid)
         assert low_writer.nice() == me.nice() + 10 and same_writer.nice() == me.nice()

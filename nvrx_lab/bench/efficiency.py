@@ -6,8 +6,8 @@ Efficiency = training throughput with saves / throughput without, from the wall-
 trainer's ``step`` events (so the time a save blocks is counted wherever the trainer pays it). The
 write is capped (``--ckpt-write-bandwidth``) so that one checkpoint takes about as long as the
 shortest interval's compute — the regime of the seeds (a ~275 s FSx write every 100 steps). The async
-saves run twice: with the writer yielding to the ranks (the default: nice 10, the lowest best-effort
-I/O class) and at their priority (``async-same-priority``). By
+saves run twice: with the writer at the ranks' priority (the default) and yielding to them
+(``async-writer-yields``: nice 10, the lowest best-effort I/O class). By
 default the cap is calibrated: a short probe run measures the bytes a rank writes, a baseline run
 the step time. Expected shape: async ≥ 99.5 % where the interval's compute exceeds the write, async
 ≥ 2× sync where they are comparable.
@@ -31,9 +31,8 @@ from nvrx_lab.events import read_events
 from nvrx_lab.runner import Torchrun, Value, run, trainer
 from nvrx_lab.table import median, report
 
-SAME_PRIORITY = "async-same-priority"
-"""The async row with the writer at training's CPU and I/O priority (what the default, a writer that yields, is
-measured against)."""
+SAME_PRIORITY = "async-writer-yields"
+"""The async row with a writer that yields to training (nice 10, best-effort:7), against the default."""
 
 
 def run_trainer(workdir: Path, name: str, nproc: int, timeout: float, extra: Sequence[str] = (), **flags: Value) -> list[dict]:
@@ -84,8 +83,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--train-args", nargs=argparse.REMAINDER, default=[], help="more trainer flags (last)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per trainer run")
     ap.add_argument("--same-priority", action=argparse.BooleanOptionalAction, default=True,
-                    help=f"also run async with the writer at training's priority ({SAME_PRIORITY}: --ckpt-writer-nice 0 "
-                         "--ckpt-writer-ionice none) beside the default, a writer that yields (nice 10, best-effort:7)")
+                    help=f"also run async with a writer that yields ({SAME_PRIORITY}: --ckpt-writer-nice 10 "
+                         "--ckpt-writer-ionice best-effort:7) beside the default, the writer at training's priority")
     ap.add_argument("--repeats", type=int, default=1,
                     help="runs of every mode and interval, interleaved with a run without saves; medians")
     ap.add_argument("--quick", action="store_true", help="intervals 4 8, 44 steps, warm-up 12 (CI smoke)")
@@ -117,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="nvrx_bench_eff_"))
 
     def one_run(name: str, mode: str, k: int, bw: float | None) -> list[dict]:  # the probe: 4 steps, sync saves
-        same = {"ckpt_writer_nice": 0, "ckpt_writer_ionice": "none"} if mode == SAME_PRIORITY else {}
+        same = {"ckpt_writer_nice": 10, "ckpt_writer_ionice": "best-effort:7"} if mode == SAME_PRIORITY else {}
         return run_trainer(work, name, args.nproc, args.timeout, args.train_args,
                            steps=4 if mode == "probe" else args.steps,
                            ckpt={"probe": "sync", SAME_PRIORITY: "async"}.get(mode, mode), ckpt_interval=k,

@@ -3,8 +3,10 @@
 A writer process shares the node with the ranks it writes for. At the same priority the kernel splits
 a core between them, so a checksum or a page-cache copy that happens to run while a rank computes
 slows that rank's step, and a synchronous job waits for its slowest rank. The writer has time (it
-only has to finish before the next save); the ranks do not. So it starts at a higher ``nice`` value,
-in the lowest best-effort I/O class, and, if asked, on cores of its own (on p5 the host has 192 vCPUs
+only has to finish before the next save); the ranks do not. So it can start at a higher ``nice`` value
+(e.g. 10), in the lowest best-effort I/O class, and on cores of its own. Off by default: on this 2-core
+box, with other jobs' processes at normal priority, a yielding writer was starved long enough to fail a
+Ctrl-C test twice, and its gain was within the noise (on p5 the host has 192 vCPUs
 for 8 GPUs: a few for the writers cost training nothing).
 
 ``ionice`` acts only under an I/O scheduler that honours priorities (BFQ, CFQ); with ``none`` or
@@ -24,9 +26,9 @@ IONICE_CLASSES = ("none", "idle", "best-effort:0", "best-effort:1", "best-effort
 class WriterPriority:
     """How the writer process yields to training (applied by the writer itself, at start)."""
 
-    nice: int = 10
-    """Added to the trainer's niceness (0 = the same CPU priority; 19 = the lowest)."""
-    ionice: str = "best-effort:7"
+    nice: int = 0
+    """Added to the trainer's niceness (0 = the same CPU priority; 10 yields; 19 = the lowest)."""
+    ionice: str = "none"
     """I/O class: ``best-effort:0`` … ``best-effort:7`` (7 lowest), ``idle`` (only when no one else
     reads or writes: a busy data loader can starve it), or ``none`` (inherit)."""
     cpus: tuple[int, ...] = ()
