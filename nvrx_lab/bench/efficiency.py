@@ -31,7 +31,7 @@ from nvrx_lab.events import read_events
 from nvrx_lab.runner import Torchrun, Value, run, trainer
 from nvrx_lab.table import median, report
 
-SAME_PRIORITY = "async-writer-yields"
+YIELDING = "async-writer-yields"
 """The async row with a writer that yields to training (nice 10, best-effort:7), against the default."""
 
 
@@ -82,8 +82,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--step-sleep", type=float, default=0.05, help="trainer --step-sleep: stand-in compute per step (s)")
     ap.add_argument("--train-args", nargs=argparse.REMAINDER, default=[], help="more trainer flags (last)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per trainer run")
-    ap.add_argument("--same-priority", action=argparse.BooleanOptionalAction, default=True,
-                    help=f"also run async with a writer that yields ({SAME_PRIORITY}: --ckpt-writer-nice 10 "
+    ap.add_argument("--yielding-writer", action=argparse.BooleanOptionalAction, default=True,
+                    help=f"also run async with a writer that yields ({YIELDING}: --ckpt-writer-nice 10 "
                          "--ckpt-writer-ionice best-effort:7) beside the default, the writer at training's priority")
     ap.add_argument("--repeats", type=int, default=1,
                     help="runs of every mode and interval, interleaved with a run without saves; medians")
@@ -116,11 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="nvrx_bench_eff_"))
 
     def one_run(name: str, mode: str, k: int, bw: float | None) -> list[dict]:  # the probe: 4 steps, sync saves
-        same = {"ckpt_writer_nice": 10, "ckpt_writer_ionice": "best-effort:7"} if mode == SAME_PRIORITY else {}
+        yields = {"ckpt_writer_nice": 10, "ckpt_writer_ionice": "best-effort:7"} if mode == YIELDING else {}
         return run_trainer(work, name, args.nproc, args.timeout, args.train_args,
                            steps=4 if mode == "probe" else args.steps,
-                           ckpt={"probe": "sync", SAME_PRIORITY: "async"}.get(mode, mode), ckpt_interval=k,
-                           step_sleep=args.step_sleep, ckpt_write_bandwidth=int(bw) if bw else None, **same)
+                           ckpt={"probe": "sync", YIELDING: "async"}.get(mode, mode), ckpt_interval=k,
+                           step_sleep=args.step_sleep, ckpt_write_bandwidth=int(bw) if bw else None, **yields)
 
     base_tp, step_time = throughput(one_run("none", "none", 0, None), args.warmup)
     bandwidth = args.write_bandwidth
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     if not bandwidth:
         bandwidth = bytes_per_rank / (0.9 * min(args.intervals) * step_time)
     write_s = bytes_per_rank / bandwidth
-    modes = ("sync", "async", *([SAME_PRIORITY] if args.same_priority else []))
+    modes = ("sync", "async", *([YIELDING] if args.yielding_writer else []))
     runs: dict[tuple[str, int], list[dict]] = {}
     for r in range(args.repeats):  # interleaved: a slow minute of a shared box hits every mode alike
         base = base_tp if r == 0 else throughput(one_run("none", "none", 0, None), args.warmup)[0]
