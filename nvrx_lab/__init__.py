@@ -12,4 +12,10 @@ stream everything writes and everything that measures reads. Start with
 ``notebooks/00_overview.ipynb``.
 """
 
+import warnings
+
 __version__ = "0.1.0"
+
+# The peers extra (NVRx 0.4.1) installs the old ``pynvml`` wrapper, which warns on every ``import torch``
+# (torch.cuda imports it); every command of ours would print two lines of noise before its own output.
+warnings.filterwarnings("ignore", message="The pynvml package is deprecated", category=FutureWarning)

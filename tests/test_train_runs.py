@@ -69,10 +69,14 @@ def test_rerun_starts_a_new_record_resume_continues_it_and_faults_fire_again(tmp
 @pytest.mark.timeout(180)
 def test_ctrl_c_during_an_async_save_says_so_and_keeps_the_committed_checkpoint(tmp_path):
     ckpt = tmp_path / "ckpt"
-    # slow writes (1 MiB/s, ~2.6 s a save of 2.6 MiB, saves every 2 steps): a save is always in flight
+    # slow writes (1 MiB/s, ~5 s a save of 5.3 MB, saves every 2 steps): a save is always in flight.
+    # Started as a terminal starts its foreground job: SIGINT at its default. Run from a shell's background
+    # (`make test &`), this process ignores SIGINT, the trainer would inherit that, and Python then leaves
+    # Ctrl-C ignored (it installs KeyboardInterrupt only where SIGINT is not ignored at start).
     proc = subprocess.Popen([*TRAIN, "--steps", "400", "--ckpt", "async", "--ckpt-interval", "2", "--ckpt-dir",
                              str(ckpt), "--ckpt-write-bandwidth", str(1 << 20), "--step-sleep", "0.05"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
                             env={**os.environ, "PYTHONFAULTHANDLER": "1"})  # SIGABRT dumps every thread's stack
     try:
         deadline = time.monotonic() + 120
