@@ -240,8 +240,9 @@ def test_a_worker_replaced_by_the_launcher_restores_from_node_memory(port, tmp_p
 
 
 def two_nodes(port: int, worker, env: dict, timeout: float) -> list[RunResult]:
-    """One rank on each of two simulated nodes (torchrun --nnodes 2 --node-rank 0|1, a static store)."""
-    heads = [Torchrun(nnodes=2, node_rank=n, nproc_per_node=1, master_addr="127.0.0.1", master_port=port)
+    """Two ranks on each of two simulated nodes (torchrun --nnodes 2 --node-rank 0|1, a static store): every
+    rank of a node holds the replica of its own peer, side by side in the node's memory."""
+    heads = [Torchrun(nnodes=2, node_rank=n, nproc_per_node=2, master_addr="127.0.0.1", master_port=port)
              for n in (0, 1)]
     with ThreadPoolExecutor(2) as pool:
         return list(pool.map(lambda head: run(head.argv(worker), timeout, env), heads))
@@ -257,7 +258,7 @@ def test_a_replaced_node_restores_from_its_peers_replica(port, tmp_path):
     assert all(r.returncode == 0 for r in second), [r.output[-3000:] for r in second]
     assert_one_curve(read_events(tmp_path / "m.jsonl"), steps=12)
     got = {(e["rank"], e["source"]) for e in resumes(tmp_path)}
-    assert got == {(0, "local"), (1, "peer")}, got
+    assert got == {(0, "local"), (1, "local"), (2, "peer"), (3, "peer")}, got
     (step,) = {e["step"] for e in resumes(tmp_path)}
     # rank 0 was killed starting step 9, having staged step 8; its replica of rank 1 is one save behind at most
     # (step 7 or 8); storage saves every 10 steps, so it has none. rollback_steps counts from the newest
@@ -298,7 +299,7 @@ def test_a_replica_restores_a_lost_node_unless_it_is_corrupt_or_another_runs(tor
         got = tuple((tmp_path / case / f"result.{r}").read_text() for r in range(3))
         assert got == expected, (case, res.stdout[-3000:])
         if reason:
-            assert f"{case}/node1/replica.json skipped: {reason}" in res.stdout, case
+            assert f"{case}/node1/rank1.replica.json skipped: {reason}" in res.stdout, case
 
 
 def test_regions_of_dead_processes_are_swept_and_live_ones_kept(tmp_path):

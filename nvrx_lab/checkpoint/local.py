@@ -19,9 +19,10 @@ pair a rank that needs it), and fills the state in place; older storage wins onl
 
 **Memory bound**: two own regions, each with its manifest (``rank<r>.<0|1>.data|json``): a save
 overwrites the older one, so the newest stays restorable while the next is written, and ranks that
-stopped one save apart still share a step. One replica region, overwritten in place (its manifest
-removed first): a node lost mid-replication falls back to a step both copies hold, or to storage. A save
-waits for the previous one's background work (checksum, replication), so at most one is in flight.
+stopped one save apart still share a step. One replica region a rank (``rank<r>.replica.data|json``,
+holding rank ``r - local_world``'s snapshot), overwritten in place (its manifest removed first): a node
+lost mid-replication falls back to a step both copies hold, or to storage. A save waits for the
+previous one's background work (checksum, replication), so at most one is in flight.
 
 **Cleanliness**: a clean :meth:`close` removes this rank's files (the last rank on the node the folder);
 a failed process leaves them for its replacement; a whole job SIGKILLed leaves them to the node's
@@ -82,7 +83,7 @@ class LocalCheckpointer:
         if same:  # an in-process restart in the same place: this process's copies stay valid (``memory``)
             return
         self._slots = [StagingBuffer(tag="local", path=str(self._own(i))) for i in (0, 1)]
-        self._replica = StagingBuffer(tag="replica", path=str(self.dir / "replica.data"))
+        self._replica = StagingBuffer(tag="replica", path=str(self._replica_file("data")))
         self._committed: dict[int, dict] = {}  # slot -> manifest of a snapshot this process committed
         self._newest = 1  # the slot of the newest snapshot: a save writes the other one
 
@@ -148,22 +149,22 @@ class LocalCheckpointer:
                 self._receive_data(*self._header_in.tolist())
             elif what == "data":
                 self._replica_job = self._pool.submit(commit, self._replica.region, self._pending_replica,
-                                                      self.dir / "replica.json")
+                                                      self._replica_file("json"))
                 self._pending_replica = None
 
     def _receive_data(self, step: int, length: int, meta_at: int, meta_len: int) -> None:
         self._replica_done()  # the previous replica's checksum may still read the region
-        (self.dir / "replica.json").unlink(missing_ok=True)  # the region is about to change
+        self._replica_file("json").unlink(missing_ok=True)  # the region is about to change
         self._replica.ensure(length)
         into = torch.frombuffer(self._replica.region, dtype=torch.uint8, count=length)
         self._pending_replica = {"run": self.run, "step": step, "world": self.world, "rank": self.source,
-                                 "file": "replica.data", "length": length, "meta": [meta_at, meta_len]}
+                                 "file": self._replica_file("data").name, "length": length, "meta": [meta_at, meta_len]}
         self._works.insert(0, ("data", dist.irecv(into, group=self.group, group_src=self.source, tag=DATA)))
 
     def _drop_round(self) -> None:
         """An aborted attempt's messages: their group is gone; the replica they were filling is invalid."""
         if self._works or self._pending_replica:
-            (self.dir / "replica.json").unlink(missing_ok=True)
+            self._replica_file("json").unlink(missing_ok=True)
         self._works, self._pending_replica = [], None
         self._replica_done()
         if self._job is not None:
@@ -199,7 +200,7 @@ class LocalCheckpointer:
         """Own snapshot ``slot`` (None: the replica held for the previous node), checked; None, logged, if unusable."""
         if slot in self._committed:
             return {**self._committed[slot], "region": self._slots[slot].region, "source": "memory", "slot": slot}
-        path = self.dir / "replica.json" if slot is None else self._manifest(slot)
+        path = self._replica_file("json") if slot is None else self._manifest(slot)
         try:
             if (manifest := snap.read_manifest(path)) is None:
                 return None
@@ -259,7 +260,7 @@ class LocalCheckpointer:
             buf.release()
         if remove:
             for path in (self._own(0), self._own(1), self._manifest(0), self._manifest(1),
-                         self.dir / "replica.data", self.dir / "replica.json"):
+                         self._replica_file("data"), self._replica_file("json")):
                 path.unlink(missing_ok=True)
 
     def _own(self, slot: int) -> Path:
@@ -267,6 +268,10 @@ class LocalCheckpointer:
 
     def _manifest(self, slot: int) -> Path:
         return self.dir / f"rank{self.rank}.{slot}.json"
+
+    def _replica_file(self, ext: str) -> Path:
+        """The replica this rank holds (of rank ``source``): one per rank, as every rank of a node has a peer."""
+        return self.dir / f"rank{self.rank}.replica.{ext}"
 
 
 def background_priority() -> None:

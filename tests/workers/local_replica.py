@@ -52,11 +52,11 @@ def run_case(work: Path, case: str, rank: int) -> None:
     elif rank != 1:  # rank 1 holds rank 0's replica
         pass
     elif case == "corrupt":
-        with open(node / "replica.data", "r+b") as f:
+        with open(node / "rank1.replica.data", "r+b") as f:
             f.seek(100)
             f.write(b"\xff\xfe")
     elif case == "older-run":
-        manifest = node / "replica.json"
+        manifest = node / "rank1.replica.json"
         manifest.write_text(manifest.read_text().replace('"run-1"', '"run-0"'))
     dist.barrier()
     again = LocalCheckpointer(node, run="run-1", rank=rank, world=world, local_world=1)
