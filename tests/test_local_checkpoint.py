@@ -118,7 +118,7 @@ def test_a_bad_copy_is_skipped_with_its_reason(tmp_path, capfd, damage, reason):
 
 def test_fill_refuses_another_model_and_writes_nothing(tmp_path):
     src = State(3)
-    tensors, meta, total = layout(src.state_dict())
+    tensors, meta, (_, total) = layout(src.state_dict())
     region = bytearray(total + len(meta))
     offset = 0
     for t in tensors:  # as staging lays them out

@@ -90,13 +90,13 @@ class LocalCheckpointer:
     def save(self, state_dict: dict, step: int) -> float:
         """Stage ``state_dict`` over the older of the two snapshots and return; returns the seconds it blocked."""
         t0 = time.monotonic()
-        self.wait()
-        tensors, meta, total = snap.layout(state_dict)
+        self._settle()
+        tensors, meta, (slots, total) = snap.layout(state_dict)
         slot = self._newest ^ 1
         self._committed.pop(slot, None)
         self._manifest(slot).unlink(missing_ok=True)  # its old snapshot is about to be overwritten
         buf = self._slots[slot]
-        buf.stage(tensors, reserve=len(meta))
+        buf.stage(tensors, reserve=len(meta), planned=(slots, total))
         buf.region[total:total + len(meta)] = meta
         manifest = {"run": self.run, "step": step, "world": self.world, "rank": self.rank,
                     "file": self._own(slot).name, "length": total + len(meta), "meta": [total, len(meta)]}
@@ -114,13 +114,18 @@ class LocalCheckpointer:
 
     def wait(self) -> None:
         """Until the newest save is committed here and at the peer."""
+        self._settle()
+        self._replica_done()
+
+    def _settle(self) -> None:
+        """Until the newest save is committed here and its round's messages are through (what the next save
+        needs; the received replica's checksum may go on: the next replica waits for it, see ``_receive_data``)."""
         if self._job is not None:
             slot, future = self._job
             self._job = None
             self._committed[slot] = future.result()
         while self._works:
             self._advance(block=True)
-        self._replica_done()
 
     def _replica_done(self) -> None:
         if self._replica_job is not None:

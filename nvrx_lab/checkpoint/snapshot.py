@@ -50,8 +50,9 @@ def local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def layout(state_dict: dict) -> tuple[list[torch.Tensor], bytes, int]:
-    """The tensors to stage, the serialised ``meta`` (slots and non-tensor leaves), and the tensors' bytes."""
+def layout(state_dict: dict) -> tuple[list[torch.Tensor], bytes, tuple[list[Slot], int]]:
+    """The tensors to stage, the serialised ``meta`` (slots and non-tensor leaves), and the tensors' slots
+    and bytes (:func:`~.staging.plan_slots`)."""
     tensors, paths, objects = [], [], []
     for path, value in leaves(state_dict):
         if isinstance(value, torch.Tensor):
@@ -63,7 +64,7 @@ def layout(state_dict: dict) -> tuple[list[torch.Tensor], bytes, int]:
     meta = [(path, (s.offset, s.numel, s.dtype, s.shape)) for path, s in zip(paths, slots, strict=True)]
     buf = io.BytesIO()
     torch.save({"tensors": meta, "objects": objects}, buf)
-    return tensors, buf.getvalue(), total
+    return tensors, buf.getvalue(), (slots, total)
 
 
 def crc32(region, length: int) -> int:

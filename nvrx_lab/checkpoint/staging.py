@@ -122,6 +122,7 @@ class StagingBuffer:
         self._mm: mmap.mmap | None = None
         self._pinned_ptr: int | None = None
         self._unlinked = False
+        self._views: dict[Slot, torch.Tensor] = {}  # of the current region: a save every step builds none
 
     def ensure(self, nbytes: int) -> bool:
         """Make room for ``nbytes``; return True when a new region (new ``path``) was created."""
@@ -165,16 +166,19 @@ class StagingBuffer:
     def region(self) -> mmap.mmap | None:
         return self._mm
 
-    def stage(self, tensors: list[torch.Tensor], reserve: int = 0) -> list[Slot]:
+    def stage(self, tensors: list[torch.Tensor], reserve: int = 0,
+              planned: tuple[list[Slot], int] | None = None) -> list[Slot]:
         """Copy ``tensors`` (any device, stride, dtype) into the buffer, leaving ``reserve`` bytes free after
-        them; returns once the copies are done."""
-        slots, total = plan_slots(tensors)
+        them; returns once the copies are done. ``planned``: their :func:`plan_slots`, if known already."""
+        slots, total = planned or plan_slots(tensors)
         self.ensure(total + reserve)
         any_cuda = False
         for t, slot in zip(tensors, slots, strict=True):
             if slot.numel == 0:
                 continue
-            dst = slot_view(self._mm, slot)
+            dst = self._views.get(slot)
+            if dst is None:
+                dst = self._views[slot] = slot_view(self._mm, slot)
             src = t.detach()
             if src.is_cuda:
                 any_cuda = True
@@ -197,6 +201,7 @@ class StagingBuffer:
 
     def release(self) -> None:
         """Unmap and delete the region (views handed out earlier must be gone)."""
+        self._views.clear()
         if self._pinned_ptr is not None:
             try:
                 torch.cuda.cudart().cudaHostUnregister(self._pinned_ptr)
