@@ -65,8 +65,7 @@ def test_a_rank_dying_during_the_rendezvous_is_decided_without_it(store_port):
     wait_for(lambda: len(announcer.arrived(1)) == 3, 10, "three arrivals")
     time.sleep(0.2)
     assert t.is_alive()  # incomplete: they wait (on one key each, not polling)
-    announcer.client.set("rdzv/0/members", '{"members": [0, 1, 2, 3], "assignment": {"0": 0, "1": 1, "2": 2, "3": 3}}')
-    announcer.client.set("attempt", "0")
+    announcer.decide_members(0, {0: 0, 1: 1, 2: 2, 3: 3})  # attempt 0's decision
     announcer.announce_death(3, "dead", "killed", time.time())
     assert rendezvous.help_decide(announcer, FillGaps(), 4) is not None
     t.join(10)

@@ -29,8 +29,7 @@ def previous_assignment(store: RestartStore, n: int, world_size: int) -> dict[in
     """The assignment of attempt ``n - 1`` (the identity before attempt 0); ``None`` if undecided."""
     if n == 0:
         return {r: r for r in range(world_size)}
-    decided = store.decided_members(n - 1)
-    return None if decided is None else {int(k): v for k, v in decided["assignment"].items()}
+    return store.decided_members(n - 1)
 
 
 def try_decide(store: RestartStore, n: int, policy: RankAssignment, world_size: int,
@@ -48,7 +47,7 @@ def try_decide(store: RestartStore, n: int, policy: RankAssignment, world_size: 
         return None
     survivors = sorted(arrived - dead)
     assignment = policy(survivors, previous, world_size)
-    return store.decide_members(n, {"members": survivors, "assignment": {str(k): v for k, v in assignment.items()}})
+    return store.decide_members(n, assignment)
 
 
 def join(store: RestartStore, n: int, me: int, previous: dict[int, int | None], policy: RankAssignment,
@@ -62,11 +61,10 @@ def join(store: RestartStore, n: int, me: int, previous: dict[int, int | None], 
     if count + store.ndead() >= len(previous):
         try_decide(store, n, policy, world_size, previous)
     wait(store.members_key(n))
-    decided = store.decided_members(n, known_to_exist=True)
-    assignment = {int(k): v for k, v in decided["assignment"].items()}
+    assignment = store.decided_members(n, known_to_exist=True)
     if me not in assignment:
         raise ExcludedError(f"rank {me} was excluded from attempt {n} (it arrived after the survivors "
-                            f"{decided['members']} were decided)")
+                            f"{sorted(assignment)} were decided)")
     return assignment
 
 
