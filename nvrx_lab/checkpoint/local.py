@@ -19,10 +19,9 @@ pair a rank that needs it), and fills the state in place; older storage wins onl
 
 **Memory bound**: two own regions, each with its manifest (``rank<r>.<0|1>.data|json``): a save
 overwrites the older one, so the newest stays restorable while the next is written, and ranks that
-stopped one save apart still share a step. One replica region a rank (``rank<r>.replica.data|json``,
-holding rank ``r - local_world``'s snapshot), overwritten in place (its manifest removed first): a node
-lost mid-replication falls back to a step both copies hold, or to storage. A save waits for the
-previous one's background work (checksum, replication), so at most one is in flight.
+stopped one save apart still share a step. One replica a rank (``rank<r>.replica.*``, of rank ``r -
+local_world``), overwritten in place (its manifest removed first): a node lost mid-replication falls back
+to a step both copies hold, or to storage. At most one save's background work is in flight.
 
 **Cleanliness**: a clean :meth:`close` removes this rank's files (the last rank on the node the folder);
 a failed process leaves them for its replacement; a whole job SIGKILLed leaves them to the node's
@@ -31,6 +30,7 @@ a failed process leaves them for its replacement; a whole job SIGKILLed leaves t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -90,7 +90,7 @@ class LocalCheckpointer:
     def save(self, state_dict: dict, step: int) -> float:
         """Stage ``state_dict`` over the older of the two snapshots and return; returns the seconds it blocked."""
         t0 = time.monotonic()
-        self._settle()
+        self.wait(replica=False)
         tensors, meta, (slots, total) = snap.layout(state_dict)
         slot = self._newest ^ 1
         self._committed.pop(slot, None)
@@ -112,20 +112,17 @@ class LocalCheckpointer:
         if self._works:
             self._advance(block=False)
 
-    def wait(self) -> None:
-        """Until the newest save is committed here and at the peer."""
-        self._settle()
-        self._replica_done()
-
-    def _settle(self) -> None:
-        """Until the newest save is committed here and its round's messages are through (what the next save
-        needs; the received replica's checksum may go on: the next replica waits for it, see ``_receive_data``)."""
+    def wait(self, replica: bool = True) -> None:
+        """Until the newest save is committed here and at the peer; ``replica``: and the replica received is
+        committed (a save need not wait for that: the next replica does, in ``_receive_data``)."""
         if self._job is not None:
             slot, future = self._job
             self._job = None
             self._committed[slot] = future.result()
         while self._works:
             self._advance(block=True)
+        if replica:
+            self._replica_done()
 
     def _replica_done(self) -> None:
         if self._replica_job is not None:
@@ -282,10 +279,8 @@ class LocalCheckpointer:
 def background_priority() -> None:
     """The checksum thread runs at the lowest CPU priority (Linux: a thread's own nice value), so it takes
     what training leaves; a save waits for it only if the next one comes first."""
-    try:
+    with contextlib.suppress(AttributeError, OSError):
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    except (AttributeError, OSError):
-        pass
 
 
 def commit(region, manifest: dict, path: Path) -> dict:
