@@ -5,9 +5,8 @@ a core between them, so a checksum or a page-cache copy that happens to run whil
 slows that rank's step, and a synchronous job waits for its slowest rank. The writer has time (it
 only has to finish before the next save); the ranks do not. So it can start at a higher ``nice`` value
 (e.g. 10), in the lowest best-effort I/O class, and on cores of its own. Off by default: on this 2-core
-box, with other jobs' processes at normal priority, a yielding writer was starved long enough to fail a
-Ctrl-C test twice, and its gain was within the noise (on p5 the host has 192 vCPUs
-for 8 GPUs: a few for the writers cost training nothing).
+box its gain was within the noise (``bench efficiency``'s ``async-writer-yields`` row); on p5 the host has
+192 vCPUs for 8 GPUs, and a few for the writers cost training nothing.
 
 ``ionice`` acts only under an I/O scheduler that honours priorities (BFQ, CFQ); with ``none`` or
 ``mq-deadline`` on NVMe, and on Lustre, where the bottleneck is the network, it changes nothing.

@@ -33,8 +33,8 @@ def previous_assignment(store: RestartStore, n: int, world_size: int) -> dict[in
 
 
 def try_decide(store: RestartStore, n: int, policy: RankAssignment, world_size: int,
-               previous: dict[int, int | None] | None = None) -> dict | None:
-    """Decide rendezvous ``n`` if it is complete; returns the decision (maybe someone else's), or
+               previous: dict[int, int | None] | None = None) -> dict[int, int | None] | None:
+    """Decide rendezvous ``n`` if it is complete; returns the decided assignment (maybe someone else's), or
     ``None`` while an expected rank has neither arrived nor died."""
     if previous is None:
         previous = previous_assignment(store, n, world_size)
