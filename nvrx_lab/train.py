@@ -100,6 +100,7 @@ def train(cfg: TrainConfig, ctx: DistContext, events: EventLog, checkpointer=Non
         resume(state, checkpointer, ctx, events, hooks)
         if cfg.ckpt == "async" and cfg.ckpt_wait_writer:
             wait_for_writer(checkpointer, hooks)
+    start_line(ctx, hooks)
     losses: list[float] = []
     while state.step < cfg.steps:
         step = state.step + 1
@@ -164,6 +165,20 @@ def wait_for_writer(checkpointer, hooks: Hooks, limit_s: float = 120.0) -> None:
             return
         except TimeoutError:
             hooks.progress()
+
+
+def start_line(ctx: DistContext, hooks: Hooks, poll_s: float = 0.05) -> None:
+    """Every rank starts the first step together, and waiting here for the others is progress. Loading a
+    checkpoint or starting the writer takes longer on some ranks; a rank done first would otherwise wait in
+    the first step's collective with nothing to say it is well, and its soft timeout would call a slow
+    peer's load its own hang. A rank that truly hangs meanwhile is reported by its own monitor."""
+    if not dist.is_initialized() or ctx.world_size == 1:
+        return
+    work = dist.barrier(group=ctx.cpu_group, async_op=True)
+    while not work.is_completed():
+        hooks.progress()
+        time.sleep(poll_s)
+    work.wait()  # raises if the group was aborted meanwhile
 
 
 def checkpoint_step(cfg: TrainConfig, ctx: DistContext, state: TrainState, checkpointer, hooks: Hooks) -> None:

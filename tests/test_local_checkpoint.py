@@ -216,9 +216,15 @@ def test_inprocess_exception_and_hang_restore_from_memory_and_redo_no_step(port,
     res = run_group(cmd, timeout=130, env=ENV)
     assert res.returncode == 0, res.stdout[-4000:]
     assert_one_curve(read_events(tmp_path / "m.jsonl"), steps=14)
-    got = {(e["rank"], e["step"], e["source"], e["rollback_steps"]) for e in resumes(tmp_path)}
-    # a fault in step s: every rank had snapshotted s - 1 (storage has nothing before step 10)
-    assert got == {(r, s, "memory", 0) for r in (0, 1) for s in (6, 10)}, got
+    got = sorted((e["step"] >= 10, e["rank"], e["step"], e["source"], e["rollback_steps"]) for e in resumes(tmp_path))
+    first, second = ([g[1:] for g in got if g[0] == later] for later in (False, True))
+    # rank 1 raises as step 7 begins, having snapshotted step 6; rank 0 finished step 6 too, but if the fault is
+    # reported before it reaches its snapshot (a restart enters no atomic section), it has step 5 only: all agree
+    # on the newest step both hold, one step lost at most (storage has nothing before step 10)
+    (step,) = {s for _, s, _, _ in first}
+    assert step in (5, 6) and first == [(r, step, "memory", 6 - step) for r in (0, 1)], first
+    # the hang is reported 3 s after step 11 began: both ranks had long snapshotted step 10
+    assert second == [(r, 10, "memory", 0) for r in (0, 1)], second
     assert left_in_memory(tmp_path) == [], "a clean exit leaves nothing in node memory"
 
 
