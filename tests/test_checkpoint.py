@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import pickle
+import zlib
 
 import psutil
 import pytest
@@ -175,6 +176,33 @@ def flip_byte(path, offset=None):
     path.write_bytes(bytes(data))
 
 
+def test_a_checkpoint_of_the_previous_format_zlib_crc32_still_verifies_and_loads(tmp_path):
+    """Format /1 listed zlib's CRC32 of every 16 MiB chunk; a job upgraded mid-run resumes from it."""
+    sd = make_state()
+    ckpt = AsyncCheckpointer(tmp_path, start_writer=False)
+    ckpt.save(sd, step=1)
+    folder = step_dir(tmp_path, 1)
+    manifest = json.loads((folder / "nvrx_commit.json").read_text())
+    manifest["format"] = "nvrx_lab.checkpoint/1"
+    for name, entry in manifest["files"].items():
+        data = (folder / name).read_bytes()
+        del entry["crc32c_chunks"]
+        entry["crc32_chunks"] = [zlib.crc32(data[i:i + entry["chunk_bytes"]]) for i in range(0, len(data), entry["chunk_bytes"])]
+    (folder / "nvrx_commit.json").write_text(json.dumps(manifest))
+    fresh = AsyncCheckpointer(tmp_path, start_writer=False)
+    assert fresh.latest_step() == 1
+    got = zeros_like_state(sd)
+    fresh.load(got, step=1)
+    assert_same(got, sd)
+    flip_byte(folder / "__0_0.distcp")
+    with pytest.raises(CheckpointCorruptError, match="CRC32 mismatch"):
+        AsyncCheckpointer(tmp_path, start_writer=False).load(zeros_like_state(sd), step=1)
+    del manifest["files"]["__0_0.distcp"]["crc32_chunks"]
+    (folder / "nvrx_commit.json").write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointCorruptError, match=r"__0_0.distcp: no checksum in entry"):
+        AsyncCheckpointer(tmp_path, start_writer=False).load(zeros_like_state(sd), step=1)
+
+
 def test_corruption_falls_back_and_load_names_the_file(tmp_path, caplog):
     sd = make_state()
     events = []
@@ -185,14 +213,14 @@ def test_corruption_falls_back_and_load_names_the_file(tmp_path, caplog):
     flip_byte(step_dir(tmp_path, 4) / "__0_0.distcp")
     with caplog.at_level(logging.WARNING):
         assert ckpt.latest_step() == 3
-    assert "step 4 skipped" in caplog.text and "CRC32 mismatch" in caplog.text
+    assert "step 4 skipped" in caplog.text and "CRC32C mismatch" in caplog.text
     shard3 = step_dir(tmp_path, 3) / "__0_0.distcp"
     os.truncate(shard3, shard3.stat().st_size - 100)
     assert ckpt.latest_step() == 2
     (step_dir(tmp_path, 2) / ".metadata").unlink()
     assert ckpt.latest_step() == 1
     assert [f["step"] for k, f in events if k == "ckpt_fallback"] == [4, 3, 2]
-    with pytest.raises(CheckpointCorruptError, match="CRC32") as e:
+    with pytest.raises(CheckpointCorruptError, match="CRC32C") as e:
         ckpt.load(zeros_like_state(sd), step=4)
     assert e.value.path.endswith("step_00000004/__0_0.distcp") and e.value.step == 4
     with pytest.raises(CheckpointCorruptError, match="truncated") as e:

@@ -87,7 +87,7 @@ def test_the_newer_of_two_snapshots_and_the_older_kept_while_writing(tmp_path):
 
 
 @pytest.mark.parametrize("damage, reason", [
-    ("flip", "CRC32 mismatch"),
+    ("flip", "CRC32C mismatch"),
     ("truncate", "truncated"),
     ("run", "another run"),
     ("world", "world size"),
@@ -289,7 +289,7 @@ def test_a_job_killed_whole_leaves_nothing_in_memory_after_the_grace(port, tmp_p
 
 REPLICA_CASES = {  # case: (what ranks 0, 1 and 2 restore, why rank 0's replica on rank 1 was skipped)
     "intact": (("3 peer ok", "3 local ok", "3 local ok"), None),
-    "corrupt": (("None None ok",) * 3, "CRC32 mismatch (corrupted)"),
+    "corrupt": (("None None ok",) * 3, "CRC32C mismatch (corrupted)"),
     "older-run": (("None None ok",) * 3, "belongs to another run ('run-0', this run is 'run-1')"),
 }
 

@@ -192,22 +192,22 @@ def measure_commit(ranks: Ranks, root, timeout: float, shard_bytes: int = 4096) 
     """One save of N ranks through :func:`nvrx_lab.checkpoint.commit.commit_ready` and the completion
     board: rank 0 makes the folder while planning, a finalize runs while the save is pending (an idle
     training step), every rank's writer writes its shard file and posts, then rank 0 commits. The shard
-    is a stub (``shard_bytes`` of zeros, its CRC32 computed in memory as the writer's metered stream does)."""
+    is a stub (``shard_bytes`` of zeros, its CRC32C computed in memory as the writer's metered stream does)."""
     import pickle
     import uuid
-    import zlib
     from pathlib import Path
 
     from torch.distributed.checkpoint.metadata import Metadata
 
     from nvrx_lab.checkpoint import commit as cm
+    from nvrx_lab.checkpoint.checksum import KEY, crc32c
     from nvrx_lab.checkpoint.completion import StoreBoard, done_entry
     from nvrx_lab.checkpoint.integrity import VERIFY_CHUNK
 
     root, step, save_id = Path(root), 10, uuid.uuid4().hex[:12]
     boards = [StoreBoard(c) for c in ranks.clients]
     tmp, payload, errors = cm.tmp_dir(root, step, save_id), bytes(shard_bytes), []
-    entry = {"size": shard_bytes, "chunk_bytes": VERIFY_CHUNK, "crc32_chunks": [zlib.crc32(payload)]}
+    entry = {"size": shard_bytes, "chunk_bytes": VERIFY_CHUNK, KEY: [crc32c(payload)]}
     pending = [{"step": step, "tmp": tmp, "metadata": Metadata(state_dict_metadata={}), "t0": time.monotonic(),
                 "save_id": save_id}]
     finalize = lambda: cm.commit_ready(pending, root, boards[0], ranks.n, cm.KeepLast(3), 0.0,  # noqa: E731

@@ -4,7 +4,7 @@ Two tables, peers side by side in the same run:
 
 1. **restore** — one process, a state of ``--mib`` MiB (float32 tensors of 4 MiB): the time to restore
    it from this process's memory, from the node's shared memory (a new ``LocalCheckpointer`` on the
-   folder, as a replaced worker does: manifest, CRC32, copy), and from the storage checkpoint of the
+   folder, as a replaced worker does: manifest, CRC32C, copy), and from the storage checkpoint of the
    same state (``AsyncCheckpointer.restore``: newest step, verification, ``dcp.load``), interleaved
    round by round; medians, and the ratio storage / local.
 2. **step** — the trainer on 2 simulated nodes of one rank each (torchrun ``--nnodes 2``, gloo), without

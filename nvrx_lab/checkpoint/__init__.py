@@ -18,7 +18,7 @@ How it works, one module a mechanism:
 * :mod:`.planning` — DCP's save plan, made collectively in ``async_save`` (cheap, no tensor data);
 * :mod:`.staging` — a consistent snapshot: copies into reused shared-memory (pinned on GPUs) slots;
 * :mod:`.writer` — one persistent spawned writer process per rank; :mod:`.shards` — DCP's file
-  writer on the staged copy, with :mod:`.throttle` (bandwidth cap, on-the-fly CRC32);
+  writer on the staged copy, with :mod:`.throttle` (bandwidth cap, on-the-fly CRC32C);
 * :mod:`.completion` — the completion board: each rank posts its outcome on the process group's
   store, rank 0 counts the posts (no filesystem polling);
 * :mod:`.commit` — temporary folder, atomic rename by rank 0, retention;

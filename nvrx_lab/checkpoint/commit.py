@@ -8,14 +8,14 @@ Layout of a checkpoint directory::
 
 1. Rank 0 creates the step's temporary folder while planning, before the plans reach the other
    ranks (:func:`make_tmp`). Every rank's writer writes its shards (``__{rank}_0.distcp``) into it,
-   fsynced, and hands its write results and its files' sizes and CRC32 back to its trainer, which
+   fsynced, and hands its write results and its files' sizes and CRC32C back to its trainer, which
    posts them on the completion board (:mod:`.completion`: the process group's store), or the
    error if the write failed. Nothing else is written per rank: no marker files.
 2. The coordinator (rank 0) counts the posts (one store operation per ``finalize_async_save``
    while a save is pending, none otherwise, and no filesystem operation) and commits once every
    rank posted: it merges the write results into the global metadata and writes DCP's ``.metadata``
    (DCP's own ``FileSystemWriter.finish``), then the manifest ``nvrx_commit.json`` (every file's size
-   and CRC32), fsyncs the folder, renames it to ``step_XXXXXXXX`` and fsyncs ``D``. The folder
+   and CRC32C), fsyncs the folder, renames it to ``step_XXXXXXXX`` and fsyncs ``D``. The folder
    rename is the atomic commit: a reader sees the whole checkpoint or none of it.
 3. Retention then deletes older committed folders (a :class:`KeepLast` policy; each is renamed to
    ``.trash_*`` first, so a kill half-way never leaves a committed folder with files missing) and
@@ -113,7 +113,7 @@ def commit(root: Path, step: int, tmp: Path, metadata, entries: dict[int, dict],
     """Coordinator: merge the posted write results into ``.metadata``, write the manifest, rename ``tmp``
     to the step folder (see the module docs). ``replace``: the step may be committed already."""
     writer = FileSystemWriter(tmp, sync_files=True)
-    writer.fs = MeteredFileSystem(Throttle(None))  # size and CRC32 of .metadata as it is written
+    writer.fs = MeteredFileSystem(Throttle(None))  # size and CRC32C of .metadata as it is written
     writer.finish(metadata=metadata, results=[write_results(entries[r]) for r in range(world)])
     files = {".metadata": writer.fs.files.pop(".metadata.tmp")}
     for r in range(world):

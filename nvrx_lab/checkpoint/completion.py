@@ -101,7 +101,7 @@ def group_board(group, prefix: str = "nvrx_ckpt") -> StoreBoard:
 
 
 def done_entry(files: dict, results: bytes, write_s: float) -> dict:
-    """A rank's done entry: its files (size, CRC32 chunks), pickled DCP write results, seconds."""
+    """A rank's done entry: its files (size, CRC32C chunks), pickled DCP write results, seconds."""
     return {"files": files, "results": base64.b64encode(results).decode(), "write_s": write_s}
 
 

@@ -18,7 +18,7 @@ class CheckpointerConfig:
     write_bandwidth: float | None = None
     """Cap on each rank's write speed in bytes/s (storage simulation); None = unlimited."""
     verify: str = "full"
-    """``latest_step``/``load`` verification: "full" (sizes + CRC32) or "size" (sizes only)."""
+    """``latest_step``/``load`` verification: "full" (sizes + CRC32C) or "size" (sizes only)."""
     commit_timeout: float = 600.0
     """Seconds rank 0 waits in a blocking finalize for every rank to post its outcome (:mod:`.completion`)."""
     start_writer: bool = True

@@ -1,7 +1,7 @@
 """Integrity: checksums per shard, verification, and loading that never unpickles code.
 
 Every committed checkpoint folder holds a manifest, ``nvrx_commit.json`` (see :mod:`.commit`), with
-the size and CRC32 of every file in it, the DCP ``.metadata`` included. The CRC of a shard is computed
+the size and CRC32C (:mod:`.checksum`) of every file in it, the DCP ``.metadata`` included. The CRC of a shard is computed
 while the writer streams it (:class:`.throttle.MeteredStream`), so it costs no second read at save
 time; :func:`verify` re-reads the files and compares, 16 MiB chunks on all cores in parallel.
 Results are cached by ``(path, size, mtime)``,
@@ -21,7 +21,6 @@ import io
 import json
 import os
 import pickle
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -31,12 +30,15 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import StorageMeta
 
+from .checksum import KEY, crc32c, of_entry
 from .errors import CheckpointCorruptError
 from .throttle import VERIFY_CHUNK
 
 MANIFEST = "nvrx_commit.json"
 """The commit marker and checksum list of one checkpoint folder."""
-FORMAT = "nvrx_lab.checkpoint/1"
+FORMAT = "nvrx_lab.checkpoint/2"
+FORMATS = ("nvrx_lab.checkpoint/1", FORMAT)
+"""Formats this version reads: /1 checksums with zlib's CRC32, /2 with CRC32C."""
 
 _SAFE_MODULES = ("torch.distributed.checkpoint.metadata",)
 _SAFE_NAMES = {
@@ -75,7 +77,7 @@ def safe_pickle_loads(data: bytes) -> Any:
     return RestrictedUnpickler(io.BytesIO(data)).load()
 
 
-def _chunk_crc(path: str, offset: int, length: int) -> int:
+def _chunk_crc(path: str, offset: int, length: int, fn=crc32c) -> int:
     fd = os.open(path, os.O_RDONLY)
     try:
         crc, done = 0, 0
@@ -83,7 +85,7 @@ def _chunk_crc(path: str, offset: int, length: int) -> int:
             data = os.pread(fd, min(length - done, 4 << 20), offset + done)
             if not data:
                 break
-            crc = zlib.crc32(data, crc)
+            crc = fn(data, crc)
             done += len(data)
         return crc
     finally:
@@ -91,10 +93,10 @@ def _chunk_crc(path: str, offset: int, length: int) -> int:
 
 
 def file_entry(path: str | os.PathLike) -> dict:
-    """The manifest entry (size, per-chunk CRC32) of a file written without a MeteredStream."""
+    """The manifest entry (size, per-chunk CRC32C) of a file written without a MeteredStream."""
     size = os.path.getsize(path)
     crcs = [_chunk_crc(str(path), off, min(VERIFY_CHUNK, size - off)) for off in range(0, size, VERIFY_CHUNK)]
-    return {"size": size, "chunk_bytes": VERIFY_CHUNK, "crc32_chunks": crcs}
+    return {"size": size, "chunk_bytes": VERIFY_CHUNK, KEY: crcs}
 
 
 _verified: set[tuple[str, int, int, int]] = set()
@@ -102,21 +104,26 @@ _pool = ThreadPoolExecutor(max_workers=min(32, os.cpu_count() or 1), thread_name
 
 
 def _check_crcs(files: list[tuple[Path, dict]], step) -> None:
-    """Compare every chunk's CRC32 in parallel (zlib releases the GIL); raise for the first bad file."""
+    """Compare every chunk's checksum in parallel (the GIL is released); raise for the first bad file."""
     jobs = []
     for path, entry in files:
+        try:
+            name, crcs, fn = of_entry(entry)
+        except KeyError as e:
+            raise CheckpointCorruptError(f"{path.parent / MANIFEST}: {path.name}: {e.args[0]}", step=step,
+                                         path=str(path)) from None
         st = path.stat()
-        key = (str(path), st.st_size, st.st_mtime_ns, hash(tuple(entry["crc32_chunks"])))
+        key = (str(path), st.st_size, st.st_mtime_ns, hash(tuple(crcs)))
         if key in _verified:
             continue
         n = entry["chunk_bytes"]
-        futs = [(i * n, _pool.submit(_chunk_crc, str(path), i * n, min(n, entry["size"] - i * n)), crc)
-                for i, crc in enumerate(entry["crc32_chunks"])]
-        jobs.append((path, key, futs))
-    for path, key, futs in jobs:
+        futs = [(i * n, _pool.submit(_chunk_crc, str(path), i * n, min(n, entry["size"] - i * n), fn), crc)
+                for i, crc in enumerate(crcs)]
+        jobs.append((path, name, key, futs))
+    for path, name, key, futs in jobs:
         bad = [off for off, fut, crc in futs if fut.result() != crc]
         if bad:
-            raise CheckpointCorruptError(f"{path}: CRC32 mismatch at byte {bad[0]} (corrupted)", step=step, path=str(path))
+            raise CheckpointCorruptError(f"{path}: {name} mismatch at byte {bad[0]} (corrupted)", step=step, path=str(path))
         _verified.add(key)
 
 
@@ -128,14 +135,14 @@ def read_manifest(step_dir: str | os.PathLike) -> dict:
         raise CheckpointCorruptError(f"{path}: commit marker missing (not committed or damaged)", path=str(path)) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointCorruptError(f"{path}: commit marker unreadable ({e})", path=str(path)) from e
-    if manifest.get("format") != FORMAT or not isinstance(manifest.get("files"), dict):
+    if manifest.get("format") not in FORMATS or not isinstance(manifest.get("files"), dict):
         raise CheckpointCorruptError(f"{path}: not an nvrx_lab commit marker (format {manifest.get('format')!r}, "
-                                     f"expected {FORMAT!r})", path=str(path))
+                                     f"expected one of {list(FORMATS)})", path=str(path))
     return manifest
 
 
 def verify(step_dir: str | os.PathLike, full: bool = True) -> dict:
-    """Check every file listed in the manifest (size, and CRC32 if ``full``); return the manifest.
+    """Check every file listed in the manifest (size, and checksums if ``full``); return the manifest.
 
     Raises :class:`CheckpointCorruptError` whose ``path`` is the first bad file.
     """

@@ -1,6 +1,6 @@
 """Reading back: the newest committed checkpoint that verifies, and loading one into a state dict.
 
-Rank 0 looks at the folder and verifies (sizes, CRC32, a metadata file that unpickles no code); what it
+Rank 0 looks at the folder and verifies (sizes, CRC32C, a metadata file that unpickles no code); what it
 finds is broadcast over the CPU group, so every rank takes the same step or raises the same error.
 Then ``dcp.load`` reads each rank's share, resharding to this world size.
 """

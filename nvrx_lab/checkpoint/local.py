@@ -6,7 +6,7 @@ every step: each rank copies its own shards into a region in node-local shared m
 the staging of :mod:`.staging`) and returns; a background thread checksums it and commits its manifest;
 the region is sent to one peer on another node, over the CPU group, while training goes on::
 
-    rank r   stage (copy)  | return ... thread: CRC32, manifest  ...
+    rank r   stage (copy)  | return ... thread: CRC32C, manifest ...
              isend -> rank r + local_world (the same local rank on the next node)
              irecv <- rank r - local_world, into the replica region; its manifest once received
 
@@ -285,7 +285,7 @@ def background_priority() -> None:
 
 def commit(region, manifest: dict, path: Path) -> dict:
     """Checksum the snapshot in ``region`` and write its manifest: from now on it can be restored."""
-    manifest = {**manifest, "crc32": snap.crc32(region, manifest["length"])}
+    manifest = {**manifest, "crc32c": snap.checksum(region, manifest["length"])}
     snap.write_manifest(path, manifest)
     return manifest
 

@@ -4,7 +4,7 @@
 ``__{rank}_0.distcp``, fsynced), so the bytes on disk are exactly what ``dcp.save`` would write and
 ``dcp.load`` reads them. Two things are swapped in: the writer's filesystem becomes
 :class:`MeteredFileSystem` (every byte through :class:`~.throttle.MeteredStream`: bandwidth cap and
-CRC32 on the fly), and the planner becomes :class:`_Resolver`, which serves each write item from a
+CRC32C on the fly), and the planner becomes :class:`_Resolver`, which serves each write item from a
 dict — staged shared-memory views in the writer process, live tensors in a synchronous save.
 An ``OSError`` (ENOSPC, EACCES, EFBIG) comes out as :class:`~.errors.CheckpointWriteError` naming the
 step and the file. The folder is rank 0's (:func:`.commit.make_tmp`): a writer opens its one file and
@@ -27,7 +27,7 @@ from .throttle import MeteredStream, Throttle
 
 
 class MeteredFileSystem(FileSystem):
-    """``FileSystem`` whose write streams are metered; ``files`` collects each file's manifest entry (size, chunk CRC32s)."""
+    """``FileSystem`` whose write streams are metered; ``files`` collects each file's manifest entry (size, chunk CRC32Cs)."""
 
     def __init__(self, throttle: Throttle):
         super().__init__()

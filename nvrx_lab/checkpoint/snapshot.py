@@ -5,7 +5,7 @@ local data (a DTensor's local shard; no resharding, no DCP plan) and every other
 
     <dir>/<name>.data   the region: tensors in 64-byte aligned slots (:mod:`.staging`), then ``meta``
     <dir>/<name>.json   the manifest, written last (temporary name, then rename): run, step, world,
-                        rank, the region's file and length, its CRC32, where ``meta`` lies
+                        rank, the region's file and length, its CRC32C, where ``meta`` lies
 
 ``meta`` is ``torch.save`` of the layout: the tensor leaves' paths and slots and the other leaves' paths
 and values, read back with ``weights_only=True`` (no code runs on load). A snapshot is valid only for the
@@ -19,15 +19,13 @@ from __future__ import annotations
 import io
 import json
 import os
-import zlib
 from pathlib import Path
 
 import torch
 from torch.distributed.tensor import DTensor
 
+from .checksum import crc32c
 from .staging import Slot, plan_slots, slot_view
-
-CHUNK = 8 << 20
 
 
 class SnapshotError(ValueError):
@@ -67,13 +65,13 @@ def layout(state_dict: dict) -> tuple[list[torch.Tensor], bytes, tuple[list[Slot
     return tensors, buf.getvalue(), (slots, total)
 
 
-def crc32(region, length: int) -> int:
-    """CRC32 of ``region[:length]`` (zlib releases the GIL, so a background thread does not stall training)."""
-    view, crc = memoryview(region), 0
-    for off in range(0, length, CHUNK):
-        crc = zlib.crc32(view[off:min(off + CHUNK, length)], crc)
-    view.release()
-    return crc
+def checksum(region, length: int) -> int:
+    """CRC32C of ``region[:length]`` (the GIL is released: a background thread does not stall training)."""
+    view = memoryview(region)
+    try:
+        return crc32c(view[:length])
+    finally:
+        view.release()
 
 
 def write_manifest(path: Path, manifest: dict) -> None:
@@ -102,8 +100,10 @@ def check(manifest: dict, region, *, run: str, world: int, rank: int) -> None:
         raise SnapshotError(f"holds rank {manifest.get('rank')}'s state, not rank {rank}'s")
     if len(region) < manifest["length"]:
         raise SnapshotError(f"region is {len(region)} B, the manifest says {manifest['length']} B (truncated)")
-    if crc32(region, manifest["length"]) != manifest["crc32"]:
-        raise SnapshotError("CRC32 mismatch (corrupted)")
+    if "crc32c" not in manifest:
+        raise SnapshotError("the manifest has no CRC32C (written by another version)")
+    if checksum(region, manifest["length"]) != manifest["crc32c"]:
+        raise SnapshotError("CRC32C mismatch (corrupted)")
 
 
 def fill(state_dict: dict, region, manifest: dict) -> None:

@@ -4,7 +4,7 @@ This box writes to a page cache at several GB/s; a shared filesystem under load 
 checkpoint time on p5) gives each rank far less. :class:`Throttle` makes a writer sleep so that its
 bytes never run ahead of ``bandwidth``, which reproduces the regime where the write is as long as the
 checkpoint interval's compute. :class:`MeteredStream` wraps a binary file: every byte written goes
-through the throttle and into running CRC32s (one per 16 MiB of file, so verification can use every
+through the throttle and into running CRC32Cs (:mod:`.checksum`; one per 16 MiB of file, so verification can use every
 core), so the shard's checksums cost no second read.
 """
 
@@ -13,13 +13,14 @@ from __future__ import annotations
 import math
 import numbers
 import time
-import zlib
 from dataclasses import dataclass, field
+
+from .checksum import KEY, crc32c
 
 CHUNK = 1 << 20
 """Bytes written per ``write`` call, so a throttled write (and a kill) happens mid-file."""
 VERIFY_CHUNK = 16 << 20
-"""A CRC32 per 16 MiB of file, so verification runs on all cores in parallel."""
+"""A CRC32C per 16 MiB of file, so verification runs on all cores in parallel."""
 
 
 def check_bandwidth(value: float | None, name: str = "write_bandwidth") -> float | None:
@@ -76,7 +77,7 @@ class MeteredStream:
     def __init__(self, raw, throttle: Throttle):
         self.raw = raw
         self.throttle = throttle
-        self.crc32_chunks: list[int] = []
+        self.chunks: list[int] = []
         self._crc, self._fill = 0, 0
         self.size = 0
         self.error: OSError | None = None
@@ -99,17 +100,17 @@ class MeteredStream:
         pos = 0
         while pos < len(data):
             part = data[pos:pos + VERIFY_CHUNK - self._fill]
-            self._crc = zlib.crc32(part, self._crc)
+            self._crc = crc32c(part, self._crc)
             self._fill += len(part)
             pos += len(part)
             if self._fill == VERIFY_CHUNK:
-                self.crc32_chunks.append(self._crc)
+                self.chunks.append(self._crc)
                 self._crc, self._fill = 0, 0
 
     def entry(self) -> dict:
-        """``{"size", "chunk_bytes", "crc32_chunks"}`` of everything written so far."""
+        """``{"size", "chunk_bytes", "crc32c_chunks"}`` of everything written so far."""
         tail = [self._crc] if self._fill else []
-        return {"size": self.size, "chunk_bytes": VERIFY_CHUNK, "crc32_chunks": self.crc32_chunks + tail}
+        return {"size": self.size, "chunk_bytes": VERIFY_CHUNK, KEY: self.chunks + tail}
 
     def tell(self) -> int:
         return self.size

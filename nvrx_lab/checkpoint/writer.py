@@ -7,7 +7,7 @@ when the :class:`~nvrx_lab.checkpoint.AsyncCheckpointer` is created and talks to
 * request: step, temporary folder, the rank's final DCP plan, the staging region's path and the
   :class:`~.staging.Slot` of each tensor item, the serialised non-tensor values, the bandwidth cap.
   No tensor ever crosses the socket (see :mod:`.staging` for why);
-* response: ``("done", step, info)`` with the rank's files (size, CRC32), pickled DCP write results
+* response: ``("done", step, info)`` with the rank's files (size, CRC32C), pickled DCP write results
   and seconds, or ``("error", step, info)`` with the path and errno.
 
 The trainer's reader thread posts each outcome on the completion board (:mod:`.completion`) the

@@ -68,7 +68,7 @@ def _truncate(path: Path) -> None:
 
 
 CORRUPTIONS = {  # name: (file in the newest checkpoint, damage, what the log and the error must say)
-    "flipped byte": ("__0_0.distcp", _flip_byte, "CRC32 mismatch"),
+    "flipped byte": ("__0_0.distcp", _flip_byte, "CRC32C mismatch"),
     "truncated shard": ("__0_0.distcp", _truncate, "truncated"),
     "missing metadata": (".metadata", Path.unlink, "missing"),
 }
