@@ -257,10 +257,13 @@ def two_nodes(port: int, worker, env: dict, timeout: float) -> list[RunResult]:
 @pytest.mark.timeout(200)
 def test_a_replaced_node_restores_from_its_peers_replica(port, tmp_path):
     flags = local_flags(tmp_path, steps=12, run_id="two-nodes")  # the relaunch continues the run (as a pod restart)
-    first = two_nodes(port, trainer(faults="0:9:sigkill", **flags), ENV, 90)
+    # node 0's copies must outlive the first job until the relaunch holds them: under load its last ranks take
+    # over 30 s to exit (node 0's folder is unheld all that while), so a grace longer than that wait
+    env = {"NVRX_LAB_LOCAL_GRACE_S": "300"}
+    first = two_nodes(port, trainer(faults="0:9:sigkill", **flags), env, 90)
     assert all(r.returncode != 0 and not r.timed_out for r in first), [r.output[-2000:] for r in first]
     shutil.rmtree(tmp_path / "shm-node1")  # node 1 is lost with its memory; a new node takes its place
-    second = two_nodes(free_port_pair(), trainer(**flags), ENV, 90)
+    second = two_nodes(free_port_pair(), trainer(**flags), env, 90)
     assert all(r.returncode == 0 for r in second), [r.output[-3000:] for r in second]
     assert_one_curve(read_events(tmp_path / "m.jsonl"), steps=12)
     got = {(e["rank"], e["source"]) for e in resumes(tmp_path)}

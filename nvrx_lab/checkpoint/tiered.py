@@ -1,9 +1,9 @@
 """Two tiers as one checkpointer: local snapshots every few steps, storage checkpoints as the fallback.
 
 :class:`Tiered` is an :class:`~.checkpointer.AsyncCheckpointer` (every storage call goes to it unchanged)
-with a :class:`~.local.LocalCheckpointer` beside it: :meth:`save_local` takes a snapshot,
-:meth:`finalize_async_save` also moves its replication on, and :meth:`restore` picks the nearest copy of
-the newest step — this process's memory, the node's shared memory, the peer's replica, else storage.
+with a :class:`~.local.LocalCheckpointer` beside it: :meth:`save_local` takes a snapshot, and
+:meth:`restore` picks the nearest copy of the newest step — this process's memory, the node's shared
+memory, the peer's replica, else storage.
 """
 
 from __future__ import annotations
@@ -24,10 +24,6 @@ class Tiered:
 
     def save_local(self, state_dict: dict, step: int) -> float:
         return self.local.save(state_dict, step)
-
-    def finalize_async_save(self, blocking: bool = False) -> list[int]:
-        self.local.poll()
-        return self.storage.finalize_async_save(blocking)
 
     def restore(self, state) -> Restored | None:
         """Collective: the newest step from the nearest copy (local when it is at least as new as storage)."""
