@@ -14,16 +14,11 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable
 
-import crc32c as _crc32c
+from crc32c import crc32c  # crc32c(data, value=0): of any buffer, continuing from value
 
 KEY = "crc32c_chunks"
 """A manifest entry's list of per-chunk checksums."""
-_BY_KEY: dict[str, tuple[str, Callable[..., int]]] = {KEY: ("CRC32C", _crc32c.crc32c), "crc32_chunks": ("CRC32", zlib.crc32)}
-
-
-def crc32c(data, value: int = 0) -> int:
-    """CRC32C of ``data`` (any buffer), continuing from ``value``."""
-    return _crc32c.crc32c(data, value)
+_BY_KEY: dict[str, tuple[str, Callable[..., int]]] = {KEY: ("CRC32C", crc32c), "crc32_chunks": ("CRC32", zlib.crc32)}
 
 
 def of_entry(entry: dict) -> tuple[str, list[int], Callable[..., int]]:
