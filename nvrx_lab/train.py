@@ -77,6 +77,26 @@ class TrainState:
 
     def load_state_dict(self, state: dict) -> None:
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        self._load_rest(state)
+
+    def local_state_dict(self) -> dict:
+        """The same state as it lives in this rank's memory, for local snapshots (same world, same model): the
+        parameters' and the optimizer's own tensors, no FQN mapping (0.1 ms here; ``get_state_dict`` 3.5 ms)."""
+        params = dict(self.model.named_parameters())
+        if any(p.requires_grad and p not in self.optimizer.state for p in params.values()):
+            get_state_dict(self.model, self.optimizer)  # a fresh optimizer: DCP gives it its state (a step at lr 0)
+        return {"model": {**params, **dict(self.model.named_buffers())},
+                "optim": {"state": {n: self.optimizer.state[p] for n, p in params.items() if p in self.optimizer.state},
+                          "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]},
+                "data": self.data.state_dict(), "step": self.step, **(self.hooks.state_dict() or {})}
+
+    def load_local_state_dict(self, state: dict) -> None:
+        """After a snapshot was copied into :meth:`local_state_dict`'s tensors in place: the rest."""
+        for group, saved in zip(self.optimizer.param_groups, state["optim"]["param_groups"], strict=True):
+            group.update(saved)
+        self._load_rest(state)
+
+    def _load_rest(self, state: dict) -> None:
         self.data.load_state_dict(state["data"])
         self.step = int(state["step"])
         self.hooks.load_state_dict(state)
@@ -184,16 +204,14 @@ def start_line(ctx: DistContext, hooks: Hooks, poll_s: float = 0.05) -> None:
 def checkpoint_step(cfg: TrainConfig, ctx: DistContext, state: TrainState, checkpointer, hooks: Hooks) -> None:
     """Save on the intervals (storage, local); commit whatever finished (a failed save is reported, training
     goes on)."""
-    sd = None
     if state.step % cfg.ckpt_interval == 0:
         with hooks.section("checkpoint"):
-            sd = state.state_dict()
-            (checkpointer.save if cfg.ckpt == "sync" else checkpointer.async_save)(sd, step=state.step)
+            (checkpointer.save if cfg.ckpt == "sync" else checkpointer.async_save)(state.state_dict(), step=state.step)
             hooks.during("save", state.step)
         hooks.after_save()
     if cfg.local_ckpt_interval and state.step % cfg.local_ckpt_interval == 0:
         with hooks.section("checkpoint_local"):
-            checkpointer.save_local(sd or state.state_dict(), state.step)
+            checkpointer.save_local(state.local_state_dict(), state.step)
     try:  # in its own section: an in-process restart must not fall between a commit and its event
         with hooks.section("checkpoint_commit"):
             checkpointer.finalize_async_save(blocking=False)

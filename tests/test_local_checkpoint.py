@@ -4,6 +4,7 @@ skipped with its reason, and nothing is left in node memory after a clean exit o
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 import signal
 import subprocess
@@ -18,7 +19,7 @@ from conftest import assert_one_curve, run_group
 
 from nvrx_lab.checkpoint import janitor
 from nvrx_lab.checkpoint.local import LocalCheckpointer, agreed_step
-from nvrx_lab.checkpoint.snapshot import SnapshotError, fill, layout
+from nvrx_lab.checkpoint.snapshot import SnapshotError, fill, layout, load_meta
 from nvrx_lab.events import read_events
 from nvrx_lab.net import free_port_pair
 from nvrx_lab.runner import Launcher, RunResult, Torchrun, run, trainer
@@ -134,6 +135,18 @@ def test_fill_refuses_another_model_and_writes_nothing(tmp_path):
         fill(other.state_dict(), region, manifest)
     assert torch.equal(other.sd["model"]["h"], before), "nothing is written before every leaf is checked"
     fill(State(9).state_dict(), region, manifest)  # the same structure fills
+
+
+def test_the_meta_is_read_back_without_running_code():
+    plain = {"t": torch.ones(2), "lr": 0.1, "betas": (0.9, 0.99), "name": "x", "none": None, "ok": True}
+    meta = layout(plain)[1]
+    assert meta[:2] != b"PK"  # plain values: a pickle that names no global
+    assert load_meta(meta)["objects"] == [((k,), v) for k, v in plain.items() if k != "t"]
+    meta = layout({"t": torch.ones(2), "dtype": torch.bfloat16})[1]  # another leaf: torch.save's weights-only format
+    assert meta[:2] == b"PK" and load_meta(meta)["objects"] == [(("dtype",), torch.bfloat16)]
+    crafted = pickle.dumps({"tensors": [], "objects": [(("x",), os.system)]})  # a global: code would run on load
+    with pytest.raises(SnapshotError, match=r"names posix\.system: only plain values are read back"):
+        load_meta(crafted)
 
 
 def test_agreed_step_is_the_newest_every_rank_can_restore():

@@ -16,7 +16,7 @@ import torch
 
 from nvrx_lab.checkpoint import AsyncCheckpointer, KeepLast, committed_steps, step_dir, verify
 from nvrx_lab.checkpoint.commit import apply_retention
-from nvrx_lab.reliability import checkpoint
+from nvrx_lab.reliability import checkpoint, local
 
 
 @pytest.mark.timeout(120)
@@ -28,6 +28,14 @@ def test_sigkill_trainer_mid_save(tmp_path):
     assert row.trials == 3 and row.figures["group"] == 2 and row.figures["trainer_alone"] == 1
     assert row.figures["writer_outlived_s_max"] <= 1.0
     assert committed_steps(tmp_path / "trainer" / "ckpt")[-1] >= 3  # every trial moved the run on
+
+
+@pytest.mark.timeout(150)
+def test_sigkill_mid_replication_restores_a_whole_step_or_nothing(tmp_path):
+    # trial 0 kills the job, trial 1 the job and node 0's memory (its rank can restore from the peer only)
+    row = local.sigkill_mid_replication(tmp_path, trials=2, seed=0, mib=4)
+    assert row.ok, row.failures
+    assert row.trials == 2
 
 
 @pytest.mark.timeout(120)

@@ -20,15 +20,16 @@ from pathlib import Path
 from nvrx_lab.reliability import Row
 from nvrx_lab.table import report
 
-GROUPS = ("crash", "corruption", "storage", "soak", "section", "trainer", "bad_input")
+GROUPS = ("crash", "corruption", "storage", "local", "soak", "section", "trainer", "bad_input")
 
 
 def plan(args) -> list[tuple[str, callable]]:
     """(group, thunk) per case, counts from ``--quick`` or the flags."""
-    from nvrx_lab.reliability import bad_input, checkpoint, restarts, trainer
+    from nvrx_lab.reliability import bad_input, checkpoint, local, restarts, trainer
 
     q = args.quick
     kills, ip_restarts, ln_restarts = (10, 20, 6) if q else (args.kills, args.inprocess_restarts, args.launcher_restarts)
+    local_kills = 4 if q else args.local_kills
     phase, heartbeat = (4.0, 1.5) if q else (10.0, 3.0)
     w = args.work
     return [
@@ -37,6 +38,7 @@ def plan(args) -> list[tuple[str, callable]]:
         ("corruption", lambda: checkpoint.corruption(w / "corruption")),
         ("storage", lambda: checkpoint.disk_full(w / "disk_full")),
         ("storage", lambda: checkpoint.permission_denied(w / "permission")),
+        ("local", lambda: local.sigkill_mid_replication(w / "local", trials=local_kills, seed=args.seed)),
         ("soak", lambda: restarts.inprocess_soak(w / "inprocess_soak", restarts=ip_restarts)),
         ("soak", lambda: restarts.launcher_soak(w / "launcher_soak", restarts=ln_restarts, seed=args.seed)),
         ("section", lambda: restarts.long_section_no_false_hang(w / "section", phase_s=phase,
@@ -63,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", default=",".join(GROUPS),
                     help=f"comma list of case groups: {', '.join(GROUPS)} (default: all)")
     ap.add_argument("--kills", type=int, default=100, help="SIGKILL trials each for the trainer and the writer")
+    ap.add_argument("--local-kills", type=int, default=20, help="SIGKILLs of a job saving local checkpoints")
     ap.add_argument("--inprocess-restarts", type=int, default=100, help="consecutive in-process restarts")
     ap.add_argument("--launcher-restarts", type=int, default=50, help="launcher restarts (SIGKILL and hang mixed)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the kill moments and the fault order")

@@ -87,7 +87,9 @@ class LocalCheckpointer:
         self._newest = 1  # the slot of the newest snapshot: a save writes the other one
 
     def save(self, state_dict: dict, step: int) -> float:
-        """Stage ``state_dict`` over the older of the two snapshots and return; returns the seconds it blocked."""
+        """Stage ``state_dict`` over the older of the two snapshots and return; returns the seconds it blocked.
+        ``state_dict`` is the one :meth:`restore` fills: the state's ``local_state_dict()`` where it has one
+        (its live tensors, in place), else its ``state_dict()``."""
         t0 = time.monotonic()
         self.wait()
         tensors, meta, (slots, total) = snap.layout(state_dict)
@@ -177,9 +179,10 @@ class LocalCheckpointer:
         if step is None or (storage_step is not None and step < storage_step):
             return None
         source, region, manifest = self._gather_copy(table, step, own, replica)
-        state_dict = state.state_dict()
+        live = hasattr(state, "local_state_dict")  # the snapshot was taken from it (see ``save``)
+        state_dict = state.local_state_dict() if live else state.state_dict()
         snap.fill(state_dict, region, manifest)
-        state.load_state_dict(state_dict)
+        (state.load_local_state_dict if live else state.load_state_dict)(state_dict)
         return Restored(step, source, max(0, reached - step))
 
     def _candidate(self, slot: int | None) -> dict | None:

@@ -10,6 +10,7 @@ One module a family of cases:
 
 * :mod:`.checkpoint` — SIGKILL of the trainer or the writer at random moments of a save,
   corrupted checkpoints, a full disk and a read-only folder mid-run;
+* :mod:`.local` — a job saving local checkpoints SIGKILLed mid-replication, half the time with a node's memory;
 * :mod:`.restarts` — 100 in-process restarts in the same processes, 50 launcher restarts,
   a long phase inside a section that must not look like a hang;
 * :mod:`.trainer` — the trainer under a fault during a save, a load and a restart;
