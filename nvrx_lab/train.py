@@ -81,7 +81,7 @@ class TrainState:
 
     def local_state_dict(self) -> dict:
         """The same state as it lives in this rank's memory, for local snapshots (same world, same model): the
-        parameters' and the optimizer's own tensors, no FQN mapping (0.1 ms here; ``get_state_dict`` 3.5 ms)."""
+        parameters' and the optimizer's own tensors, no FQN mapping (0.2 ms here; ``get_state_dict`` 3.8 ms)."""
         params = dict(self.model.named_parameters())
         if any(p.requires_grad and p not in self.optimizer.state for p in params.values()):
             get_state_dict(self.model, self.optimizer)  # a fresh optimizer: DCP gives it its state (a step at lr 0)
