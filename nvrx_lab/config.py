@@ -52,8 +52,10 @@ class TrainConfig(ModelConfig):
     ckpt_keep: int = 3
     """Committed checkpoints to keep."""
     ckpt_wait_writer: bool = False
-    """Async: wait for the writer process (~2 s to import torch) before the first step. Without it no save
-    ever waits; one taken while the writer starts is held, and a newer one replaces it."""
+    """Async: wait for the writer process (~2 s to import torch) before the first step of a run that starts
+    from scratch (a resumed attempt trains at once, as a real job's would: its writer is up long before the next
+    interval ends). Without it no save ever waits; one taken while the writer starts is held, and a newer one
+    replaces it."""
     ckpt_write_bandwidth: float = 0.0
     """Cap on each rank's write speed in bytes/s, a stand-in for a loaded shared filesystem (0 = no cap)."""
     ckpt_writer_nice: int = 0

@@ -117,8 +117,8 @@ def train(cfg: TrainConfig, ctx: DistContext, events: EventLog, checkpointer=Non
     state = TrainState(model, optimizer, data, hooks)
     hooks.progress()
     if checkpointer is not None:
-        resume(state, checkpointer, ctx, events, hooks)
-        if cfg.ckpt == "async" and cfg.ckpt_wait_writer:
+        resumed = resume(state, checkpointer, ctx, events, hooks)
+        if cfg.ckpt == "async" and cfg.ckpt_wait_writer and not resumed:  # a restart trains while its writer starts
             wait_for_writer(checkpointer, hooks)
     start_line(ctx, hooks)
     losses: list[float] = []
@@ -162,19 +162,20 @@ def train_step(cfg: TrainConfig, ctx: DistContext, events: EventLog, state: Trai
     return global_loss
 
 
-def resume(state: TrainState, checkpointer, ctx: DistContext, events: EventLog, hooks: Hooks) -> None:
-    """Load the newest checkpoint, from the nearest copy that has it, into ``state`` (if there is one)."""
+def resume(state: TrainState, checkpointer, ctx: DistContext, events: EventLog, hooks: Hooks) -> bool:
+    """Load the newest checkpoint, from the nearest copy that has it, into ``state``; False if there is none."""
     t0 = time.perf_counter()
     with hooks.section("checkpoint_load"):
         restored = checkpointer.restore(state)
         if restored is None:
-            return
+            return False
         hooks.during("load", restored.step)
     load_s = time.perf_counter() - t0
     events.emit("resume", step=state.step, load_s=load_s, world_size=ctx.world_size, source=restored.source,
                 rollback_steps=restored.rollback_steps)
     hooks.on_resume(load_s)
     hooks.progress()
+    return True
 
 
 def wait_for_writer(checkpointer, hooks: Hooks, limit_s: float = 120.0) -> None:

@@ -22,6 +22,7 @@ from nvrx_lab.checkpoint.local import LocalCheckpointer, agreed_step
 from nvrx_lab.checkpoint.snapshot import SnapshotError, fill, layout, load_meta
 from nvrx_lab.events import read_events
 from nvrx_lab.net import free_port_pair
+from nvrx_lab.reliability import local
 from nvrx_lab.runner import Launcher, RunResult, Torchrun, run, trainer
 
 
@@ -117,6 +118,20 @@ def test_a_bad_copy_is_skipped_with_its_reason(tmp_path, capfd, damage, reason):
     ckpt.close()
 
 
+def test_a_copy_of_another_structure_is_skipped_by_every_rank_and_nothing_written(tmp_path, capfd):
+    saved(tmp_path / "node")  # an intact copy of the right run and world, but of another model: storage must win
+    events = []
+    ckpt = LocalCheckpointer(tmp_path / "node", run="run-a", emit=lambda kind, **f: events.append((kind, f)))
+    other = State(9)
+    other.sd["model"]["w"] = torch.zeros(5, 4)
+    assert ckpt.restore(other, storage_step=None) is None
+    assert torch.equal(other.sd["model"]["w"], torch.zeros(5, 4)) and other.sd["step"] == 9, "nothing written"
+    why = "rank 0's copy does not fit its state: tensor model/w is torch.float32 (5, 3) in the snapshot"
+    assert [f["copy"] for kind, f in events if why in f["reason"]] == ["step 3 (local)"], events
+    assert why in capfd.readouterr().err
+    ckpt.close()
+
+
 def test_fill_refuses_another_model_and_writes_nothing(tmp_path):
     src = State(3)
     tensors, meta, (_, total) = layout(src.state_dict())
@@ -147,6 +162,15 @@ def test_the_meta_is_read_back_without_running_code():
     crafted = pickle.dumps({"tensors": [], "objects": [(("x",), os.system)]})  # a global: code would run on load
     with pytest.raises(SnapshotError, match=r"names posix\.system: only plain values are read back"):
         load_meta(crafted)
+
+
+def test_the_step_bench_times_whole_steps_with_their_snapshot():
+    from nvrx_lab.bench.local import step_periods
+
+    step = lambda s, t: {"kind": "step", "step": s, "t": t, "step_time": 0.01}  # noqa: E731
+    events = [step(1, 0.0), step(2, 0.1), step(3, 0.3), {"kind": "resume", "step": 2}, step(3, 5.0), step(4, 5.2)]
+    # one step event to the next (0.2 s, not the events' 0.01 s), never across a restart, the first step left out
+    assert step_periods(events, skip=1) == pytest.approx([0.2, 0.2])
 
 
 def test_agreed_step_is_the_newest_every_rank_can_restore():
@@ -303,25 +327,11 @@ def test_a_job_killed_whole_leaves_nothing_in_memory_after_the_grace(port, tmp_p
     assert wait_for(lambda: not left_in_memory(tmp_path), 15), f"...until the grace is over: {left_in_memory(tmp_path)}"
 
 
-REPLICA_CASES = {  # case: (what ranks 0, 1 and 2 restore, why rank 0's replica on rank 1 was skipped)
-    "intact": (("3 peer ok", "3 local ok", "3 local ok"), None),
-    "corrupt": (("None None ok",) * 3, "CRC32C mismatch (corrupted)"),
-    "older-run": (("None None ok",) * 3, "belongs to another run ('run-0', this run is 'run-1')"),
-}
-
-
-@pytest.mark.timeout(120)
-def test_a_replica_restores_a_lost_node_unless_it_is_corrupt_or_another_runs(torchrun, tmp_path):
+@pytest.mark.timeout(150)
+def test_a_replica_restores_a_lost_node_unless_it_is_corrupt_or_another_runs(tmp_path):
     # three nodes of one rank: the holder of rank 0's replica (rank 1) is not the rank rank 0 replicates to
-    res = torchrun(3, str(Path(__file__).parent / "workers" / "local_replica.py"), str(tmp_path), *REPLICA_CASES,
-                   timeout=100, env={"NVRX_LAB_LOCAL_GRACE_S": "5"})
-    assert res.returncode == 0, res.stdout[-3000:]
-    for case, (expected, reason) in REPLICA_CASES.items():
-        # ranks 1 and 2 have their own copies of step 3, rank 0 only the replica: without it no step is common
-        got = tuple((tmp_path / case / f"result.{r}").read_text() for r in range(3))
-        assert got == expected, (case, res.stdout[-3000:])
-        if reason:
-            assert f"{case}/node1/rank1.replica.json skipped: {reason}" in res.stdout, case
+    row = local.damaged_replica(tmp_path, rounds=1)
+    assert row.ok and row.trials == len(local.REPLICA_CASES), row.failures
 
 
 def test_regions_of_dead_processes_are_swept_and_live_ones_kept(tmp_path):

@@ -39,6 +39,7 @@ def plan(args) -> list[tuple[str, callable]]:
         ("storage", lambda: checkpoint.disk_full(w / "disk_full")),
         ("storage", lambda: checkpoint.permission_denied(w / "permission")),
         ("local", lambda: local.sigkill_mid_replication(w / "local", trials=local_kills, seed=args.seed)),
+        ("local", lambda: local.damaged_replica(w / "replica", rounds=1 if q else 5)),
         ("soak", lambda: restarts.inprocess_soak(w / "inprocess_soak", restarts=ip_restarts)),
         ("soak", lambda: restarts.launcher_soak(w / "launcher_soak", restarts=ln_restarts, seed=args.seed)),
         ("section", lambda: restarts.long_section_no_false_hang(w / "section", phase_s=phase,

@@ -181,7 +181,15 @@ class LocalCheckpointer:
         source, region, manifest = self._gather_copy(table, step, own, replica)
         live = hasattr(state, "local_state_dict")  # the snapshot was taken from it (see ``save``)
         state_dict = state.local_state_dict() if live else state.state_dict()
-        snap.fill(state_dict, region, manifest)
+        try:
+            fitted, why = snap.fitting(state_dict, region, manifest), None
+        except snap.SnapshotError as e:
+            fitted, why = None, str(e)
+        if any(whys := all_gather(why, self.group, self.world)):  # nothing is written yet: all ranks fall back
+            bad = next(r for r, w in enumerate(whys) if w)
+            self._skipped(f"step {step} ({source})", f"rank {bad}'s copy does not fit its state: {whys[bad]}")
+            return None
+        snap.fill(state_dict, region, manifest, fitted)
         (state.load_local_state_dict if live else state.load_state_dict)(state_dict)
         return Restored(step, source, max(0, reached - step))
 
@@ -196,10 +204,13 @@ class LocalCheckpointer:
             region = open_region(str(self.dir / manifest["file"]))
             snap.check(manifest, region, run=self.run, world=self.world, rank=self.rank if slot is not None else self.source)
         except (snap.SnapshotError, OSError, KeyError) as e:
-            self.emit("local_ckpt_skipped", copy=str(path), reason=str(e))
-            print(f"[rank {self.rank}] local checkpoint {path} skipped: {e}", file=sys.stderr, flush=True)
+            self._skipped(str(path), str(e))
             return None
         return {**manifest, "region": region, "source": "local" if slot is not None else "peer", "slot": slot}
+
+    def _skipped(self, copy: str, reason: str) -> None:
+        self.emit("local_ckpt_skipped", copy=copy, reason=reason)
+        print(f"[rank {self.rank}] local checkpoint {copy} skipped: {reason}", file=sys.stderr, flush=True)
 
     def _gather_copy(self, table: list, step: int, own: list[dict], replica: dict | None):
         """This rank's copy of ``step``: its own, or the replica its peer sends (kept as its own from then on)."""

@@ -140,8 +140,9 @@ def check(manifest: dict, region, *, run: str, world: int, rank: int) -> None:
         raise SnapshotError("CRC32C mismatch (corrupted)")
 
 
-def fill(state_dict: dict, region, manifest: dict) -> None:
-    """Copy the snapshot in ``region`` into ``state_dict`` in place (tensors) and by value (the rest)."""
+def fitting(state_dict: dict, region, manifest: dict) -> tuple[list, list]:
+    """What :func:`fill` would do: (live tensor, slot) pairs and the non-tensor leaves. Raises
+    :class:`SnapshotError`, having written nothing, unless the snapshot has this state's structure, shapes and dtypes."""
     start, size = manifest["meta"]
     meta = load_meta(bytes(memoryview(region)[start:start + size]))
     saved = {tuple(path): slot for path, slot in meta["tensors"]}
@@ -155,10 +156,17 @@ def fill(state_dict: dict, region, manifest: dict) -> None:
         if tuple(shape) != tuple(t.shape) or dtype != str(t.dtype):
             raise SnapshotError(f"tensor {'/'.join(map(str, path))} is {dtype} {tuple(shape)} in the snapshot, "
                                 f"{t.dtype} {tuple(t.shape)} here (another model or world size)")
+    return [(t, Slot(*saved[path])) for path, t in here.items()], meta["objects"]
+
+
+def fill(state_dict: dict, region, manifest: dict, fitted: tuple[list, list] | None = None) -> None:
+    """Copy the snapshot in ``region`` into ``state_dict`` in place (tensors) and by value (the rest);
+    ``fitted``: :func:`fitting`'s answer, if already asked."""
+    copies, objects = fitted or fitting(state_dict, region, manifest)
     with torch.no_grad():
-        for path, t in here.items():
-            t.copy_(slot_view(region, Slot(*saved[path])))
-    for path, value in meta["objects"]:
+        for t, slot in copies:
+            t.copy_(slot_view(region, slot))
+    for path, value in objects:
         _set(state_dict, tuple(path), value)
 
 

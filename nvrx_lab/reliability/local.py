@@ -1,4 +1,4 @@
-"""Local-checkpoint case: the job, or a node with its memory, SIGKILLed at a random moment of a save.
+"""Local-checkpoint cases: the job, or a node with its memory, SIGKILLed mid-save; a damaged replica.
 
 :func:`sigkill_mid_replication` — two ranks, each a node of its own (:mod:`.local_child`), snapshot a
 16 MiB state every step and replicate it to each other; at a seeded random moment the whole job is
@@ -7,6 +7,11 @@ node has none). A new job then restores: both ranks must agree on one step and h
 values (or both restore nothing, and storage would be the fallback: never a torn or mixed copy); a lost
 node's rank restores from its peer's replica; a clean exit leaves nothing in node memory. The figures
 count how many trials restored from a local copy and from a peer.
+
+:func:`damaged_replica` — three ranks on three nodes save steps 1–3, then node 0 loses its memory, so
+rank 0 can only restore from the replica rank 1 holds (:mod:`.local_replica`): intact, it restores step 3
+from the ``peer``; with a flipped byte, or a manifest naming an older run, the replica is skipped with
+its reason logged and no rank restores anything (storage is the fallback), with no wrong value anywhere.
 """
 
 from __future__ import annotations
@@ -25,14 +30,20 @@ from nvrx_lab.net import free_port, wait_for
 from nvrx_lab.reliability import Row, timed
 
 WORLD = 2
+REPLICA_CASES = {  # case: (what ranks 0, 1 and 2 restore, why rank 0's replica on rank 1 is skipped)
+    "intact": (("3 peer ok", "3 local ok", "3 local ok"), None),
+    "corrupt": (("None None ok",) * 3, "CRC32C mismatch (corrupted)"),
+    "older-run": (("None None ok",) * 3, "belongs to another run ('run-0', this run is 'run-1')"),
+}
 
 
-def _start(work: Path, mode: str, mib: float, port: int) -> list[subprocess.Popen]:
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(WORLD),
+def _start(module: str, args: list, world: int = WORLD) -> list[subprocess.Popen]:
+    """``world`` ranks of ``python -m nvrx_lab.reliability.<module> ARGS`` (a fresh store on a free port)."""
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world),
            "OMP_NUM_THREADS": "1", "NVRX_LAB_LOCAL_GRACE_S": "300"}  # the copies outlive the kill until the restore
-    cmd = [sys.executable, "-m", "nvrx_lab.reliability.local_child", str(work), mode, str(mib)]
+    cmd = [sys.executable, "-m", f"nvrx_lab.reliability.{module}", *map(str, args)]
     return [subprocess.Popen(cmd, env={**env, "RANK": str(r)}, start_new_session=True, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True) for r in range(WORLD)]
+                             stderr=subprocess.STDOUT, text=True) for r in range(world)]
 
 
 def _kill(procs: list[subprocess.Popen]) -> None:
@@ -46,7 +57,7 @@ def _kill(procs: list[subprocess.Popen]) -> None:
 
 def _trial(work: Path, delay_s: float, lose_node: bool, mib: float) -> tuple[str | None, list[dict]]:
     """One kill and one restore; (what went wrong or None, each rank's result)."""
-    procs = _start(work, "save", mib, free_port())
+    procs = _start("local_child", [work, "save", mib])
     try:  # both ranks hold a replica: the job is past its first round
         wait_for(lambda: len(list(work.glob("node*/rank*.replica.json"))) == WORLD, 60, "both replicas")
         time.sleep(delay_s)
@@ -56,7 +67,7 @@ def _trial(work: Path, delay_s: float, lose_node: bool, mib: float) -> tuple[str
         _kill(procs)
     if lose_node:
         shutil.rmtree(work / "node0")
-    procs = _start(work, "restore", mib, free_port())
+    procs = _start("local_child", [work, "restore", mib])
     try:
         outputs = [p.communicate(timeout=90)[0] for p in procs]
     except subprocess.TimeoutExpired:
@@ -91,4 +102,27 @@ def sigkill_mid_replication(work: Path, trials: int = 20, seed: int = 0, mib: fl
             restored += bool(got and got[0]["step"] is not None)
             peer += bool(got and got[0]["source"] == "peer")
     row.figures = {"restored_local": restored, "from_peer": peer, "restored_none": row.trials - restored}
+    return row
+
+
+def damaged_replica(work: Path, rounds: int = 1) -> Row:
+    row = Row("damaged replica", holds="an intact replica restores a lost node from its peer; a corrupt one or one "
+              "of an older run is skipped with its reason logged, nothing restored, no wrong value")
+    with timed(row):
+        for i in range(rounds):
+            procs = _start("local_replica", [Path(work) / f"round{i}", *REPLICA_CASES], world=3)
+            try:
+                output = "".join(p.communicate(timeout=120)[0] for p in procs)
+            except subprocess.TimeoutExpired:
+                output = "(did not finish within 120 s)"
+            finally:
+                _kill(procs)
+            for case, (expected, reason) in REPLICA_CASES.items():
+                folder = Path(work) / f"round{i}" / case
+                got = tuple((folder / f"result.{r}").read_text() if (folder / f"result.{r}").exists() else "missing"
+                            for r in range(3))
+                logged = reason is None or f"{case}/node1/rank1.replica.json skipped: {reason}" in output
+                row.check(got == expected and logged and not any(p.returncode for p in procs),
+                          f"round {i} {case}: restored {got}, expected {expected}; reason logged: {logged}; "
+                          f"exit codes {[p.returncode for p in procs]}: {output[-1500:]}")
     return row

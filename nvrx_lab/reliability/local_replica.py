@@ -1,7 +1,8 @@
 """Ranks each on a simulated node of its own (``local_world=1``: rank r replicates to rank r + 1, the last to rank
 0) save local checkpoints; then node 0 loses its memory, so rank 0 can only restore from the replica rank 1 holds.
 
-``python -m torch.distributed.run --nproc-per-node 3 tests/workers/local_replica.py WORK CASE...``, each CASE one
+One rank of :func:`.local.damaged_replica`: ``python -m nvrx_lab.reliability.local_replica WORK CASE...`` (env: RANK,
+WORLD_SIZE = 3, MASTER_ADDR/PORT), each CASE one
 of ``intact`` (the replica restores), ``corrupt`` (a flipped byte: skipped, nothing restored) and ``older-run``
 (the replica's manifest names another run: skipped), in its own folder. Each rank writes ``step source ok`` to
 ``WORK/CASE/result.RANK`` (a file, not stdout: three ranks' lines on one pipe can interleave).
@@ -9,7 +10,6 @@ of ``intact`` (the replica restores), ``corrupt`` (a flipped byte: skipped, noth
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -68,5 +68,4 @@ def run_case(work: Path, case: str, rank: int) -> None:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     main(sys.argv[1], sys.argv[2:])
