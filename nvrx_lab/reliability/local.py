@@ -28,6 +28,7 @@ from pathlib import Path
 
 from nvrx_lab.net import free_port, wait_for
 from nvrx_lab.reliability import Row, timed
+from nvrx_lab.runner import torchrun
 
 WORLD = 2
 REPLICA_CASES = {  # case: (what ranks 0, 1 and 2 restore, why rank 0's replica on rank 1 is skipped)
@@ -37,13 +38,17 @@ REPLICA_CASES = {  # case: (what ranks 0, 1 and 2 restore, why rank 0's replica 
 }
 
 
-def _start(module: str, args: list, world: int = WORLD) -> list[subprocess.Popen]:
-    """``world`` ranks of ``python -m nvrx_lab.reliability.<module> ARGS`` (a fresh store on a free port)."""
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world),
-           "OMP_NUM_THREADS": "1", "NVRX_LAB_LOCAL_GRACE_S": "300"}  # the copies outlive the kill until the restore
-    cmd = [sys.executable, "-m", f"nvrx_lab.reliability.{module}", *map(str, args)]
+GRACE = {"NVRX_LAB_LOCAL_GRACE_S": "300"}
+"""The node janitor's grace: the copies outlive a killed job until the next one holds them."""
+
+
+def _start(mode: str, work: Path, mib: float) -> list[subprocess.Popen]:
+    """The :mod:`.local_child` ranks, each a process session of its own (so a SIGKILL can land mid-save)."""
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(WORLD),
+           "OMP_NUM_THREADS": "1", **GRACE}
+    cmd = [sys.executable, "-m", "nvrx_lab.reliability.local_child", str(work), mode, str(mib)]
     return [subprocess.Popen(cmd, env={**env, "RANK": str(r)}, start_new_session=True, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True) for r in range(world)]
+                             stderr=subprocess.STDOUT, text=True) for r in range(WORLD)]
 
 
 def _kill(procs: list[subprocess.Popen]) -> None:
@@ -57,7 +62,7 @@ def _kill(procs: list[subprocess.Popen]) -> None:
 
 def _trial(work: Path, delay_s: float, lose_node: bool, mib: float) -> tuple[str | None, list[dict]]:
     """One kill and one restore; (what went wrong or None, each rank's result)."""
-    procs = _start("local_child", [work, "save", mib])
+    procs = _start("save", work, mib)
     try:  # both ranks hold a replica: the job is past its first round
         wait_for(lambda: len(list(work.glob("node*/rank*.replica.json"))) == WORLD, 60, "both replicas")
         time.sleep(delay_s)
@@ -67,7 +72,7 @@ def _trial(work: Path, delay_s: float, lose_node: bool, mib: float) -> tuple[str
         _kill(procs)
     if lose_node:
         shutil.rmtree(work / "node0")
-    procs = _start("local_child", [work, "restore", mib])
+    procs = _start("restore", work, mib)
     try:
         outputs = [p.communicate(timeout=90)[0] for p in procs]
     except subprocess.TimeoutExpired:
@@ -110,19 +115,14 @@ def damaged_replica(work: Path, rounds: int = 1) -> Row:
               "of an older run is skipped with its reason logged, nothing restored, no wrong value")
     with timed(row):
         for i in range(rounds):
-            procs = _start("local_replica", [Path(work) / f"round{i}", *REPLICA_CASES], world=3)
-            try:
-                output = "".join(p.communicate(timeout=120)[0] for p in procs)
-            except subprocess.TimeoutExpired:
-                output = "(did not finish within 120 s)"
-            finally:
-                _kill(procs)
+            res = torchrun(3, "-m", "nvrx_lab.reliability.local_replica", str(Path(work) / f"round{i}"), *REPLICA_CASES,
+                           timeout=120, env=GRACE)
             for case, (expected, reason) in REPLICA_CASES.items():
                 folder = Path(work) / f"round{i}" / case
                 got = tuple((folder / f"result.{r}").read_text() if (folder / f"result.{r}").exists() else "missing"
                             for r in range(3))
-                logged = reason is None or f"{case}/node1/rank1.replica.json skipped: {reason}" in output
-                row.check(got == expected and logged and not any(p.returncode for p in procs),
+                logged = reason is None or f"{case}/node1/rank1.replica.json skipped: {reason}" in res.output
+                row.check(got == expected and logged and res.returncode == 0,
                           f"round {i} {case}: restored {got}, expected {expected}; reason logged: {logged}; "
-                          f"exit codes {[p.returncode for p in procs]}: {output[-1500:]}")
+                          f"exit code {res.returncode}: {res.output[-1500:]}")
     return row

@@ -23,8 +23,10 @@ from nvrx_lab.checkpoint.local import LocalCheckpointer
 
 
 class Blob:
-    def __init__(self, mib: float, value: float):
-        self.sd = {"w": torch.full((int(mib * (1 << 18)),), float(value)), "step": int(value) // 10}
+    """A ``Stateful`` of ``numel`` float32 values, all ``value``, and ``value // 10`` as its step."""
+
+    def __init__(self, numel: int, value: float):
+        self.sd = {"w": torch.full((numel,), float(value)), "step": int(value) // 10}
 
     def state_dict(self) -> dict:
         return self.sd
@@ -35,15 +37,15 @@ class Blob:
 
 def main(work: str, mode: str, mib: str) -> int:
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
-    rank, world, mib = dist.get_rank(), dist.get_world_size(), float(mib)
+    rank, world, numel = dist.get_rank(), dist.get_world_size(), int(float(mib) * (1 << 18))
     ckpt = LocalCheckpointer(Path(work) / f"node{rank}", run="crash", rank=rank, world=world, local_world=1)
     if mode == "save":
         deadline, step = time.monotonic() + 120, 0
         while time.monotonic() < deadline:
             step += 1
-            ckpt.save(Blob(mib, 10 * step + rank).state_dict(), step)
+            ckpt.save(Blob(numel, 10 * step + rank).state_dict(), step)
         return 3
-    state = Blob(mib, -1.0)
+    state = Blob(numel, -1.0)
     got = ckpt.restore(state, storage_step=None)
     ok = got is None or (bool((state.sd["w"] == 10 * got.step + rank).all()) and state.sd["step"] == got.step)
     (Path(work) / f"result.{rank}").write_text(json.dumps({"step": got and got.step, "source": got and got.source,

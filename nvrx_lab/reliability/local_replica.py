@@ -13,21 +13,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
 from nvrx_lab.checkpoint.local import LocalCheckpointer
-
-
-class State:
-    def __init__(self, value: float):
-        self.sd = {"w": torch.full((1000,), float(value)), "step": int(value)}
-
-    def state_dict(self) -> dict:
-        return self.sd
-
-    def load_state_dict(self, sd: dict) -> None:
-        self.sd = sd
+from nvrx_lab.reliability.local_child import Blob
 
 
 def main(work: str, cases: list[str]) -> None:
@@ -42,7 +31,7 @@ def run_case(work: Path, case: str, rank: int) -> None:
     world = dist.get_world_size()
     ckpt = LocalCheckpointer(node, run="run-1", rank=rank, world=world, local_world=1)
     for step in (1, 2, 3):
-        ckpt.save(State(10 * rank + step).state_dict(), step)
+        ckpt.save(Blob(1000, 10 * rank + step).state_dict(), step)
     ckpt.wait()
     ckpt.close(keep=True)
     dist.barrier()
@@ -60,7 +49,7 @@ def run_case(work: Path, case: str, rank: int) -> None:
         manifest.write_text(manifest.read_text().replace('"run-1"', '"run-0"'))
     dist.barrier()
     again = LocalCheckpointer(node, run="run-1", rank=rank, world=world, local_world=1)
-    state = State(-1.0)
+    state = Blob(1000, -1.0)
     got = again.restore(state, storage_step=None)
     ok = got is None or float(state.sd["w"][0]) == 10 * rank + got.step
     (work / f"result.{rank}").write_text(f"{got and got.step} {got and got.source} {'ok' if ok else 'WRONG-VALUES'}")
