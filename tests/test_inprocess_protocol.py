@@ -210,3 +210,16 @@ def test_a_restart_spread_over_processes_counts_as_in_one():
         del server
     assert spread["processes"] == 3 and spread["store_ops_per_restart"] == together["store_ops_per_restart"]
     assert 0 < spread["restart_s"] < 60
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("protocol", ["new", "legacy"])
+def test_a_scale_row_that_times_out_is_an_error_and_the_bench_exits_1_cleanly(tmp_path, protocol):
+    """Its simulated ranks are left blocked in store calls: the bench closes the store, joins them and exits 1
+    (a thread left in a store call would abort the interpreter at exit: "terminate called", rc -6)."""
+    out = tmp_path / "scale.json"
+    res = subprocess.run([sys.executable, "-m", "nvrx_lab.bench", "scale", "--ranks", "8", "--protocols", protocol,
+                          "--timeout", "1e-6", "--out", str(out)], capture_output=True, text=True, timeout=100)
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert f"FAILED: 8 ranks, {protocol}: TimeoutError" in res.stderr and "terminate called" not in res.stderr
+    assert '"error"' in out.read_text()

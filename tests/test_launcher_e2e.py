@@ -47,9 +47,10 @@ def test_sigkill_then_hang_both_restart_without_standby(tmp_path):
     rc, out, ev = launch(tmp_path, dict(max_restarts=3, heartbeat_timeout=2, no_standby=True),
                          ["--steps", "12", "--fault", "kill", "--fault-restarts", "0"])
     assert rc == 0, out
-    fail = [e for e in ev if e["kind"] == "launcher_failure"]
-    assert [(e["rank"], e["signal"], e["restart_count"]) for e in fail] == [(1, "SIGKILL", 1)]
-    assert "worker group failed: rank 1 killed by SIGKILL; restart 1/3" in out
+    fail = {e["rank"]: e for e in ev if e["kind"] == "launcher_failure"}  # rank 0 dies of losing its peer too
+    assert (fail[1]["signal"], fail[1]["restart_count"]) == ("SIGKILL", 1)
+    assert {e["restart_count"] for e in fail.values()} == {1} and "restart 2/3" not in out
+    assert "rank 1 killed by SIGKILL" in out and "restart 1/3" in out
     done = steps_by_restart(ev)
     assert {(r, 11) for r in (0, 1)} <= done[1]  # TORCHELASTIC_RESTART_COUNT=1 seen by both ranks
     assert [e for e in ev if e["kind"] == "launcher_restart"]
@@ -60,10 +61,13 @@ def test_hangs_detected_and_restarted_with_standby(tmp_path):
     rc, out, ev = launch(tmp_path, dict(max_restarts=3, heartbeat_timeout=2),
                          ["--steps", "12", "--fault", "hang", "--fault-restarts", "0-1"])
     assert rc == 0, out
-    fail = [e for e in ev if e["kind"] == "launcher_failure" and e["rank"] == 1]
-    assert [(e["reason"], e["restart_count"]) for e in fail] == [("hang", 1), ("hang", 2)]
+    # Rank 1 hangs before its all-reduce and rank 0 waits in it: both last beat at the end of the step before,
+    # microseconds apart, and which crosses the timeout at a poll first is chance. The agent names both (SETTLE_S).
+    fail = [e for e in ev if e["kind"] == "launcher_failure"]
+    assert sorted((e["rank"], e["reason"], e["restart_count"]) for e in fail) == [
+        (0, "hang", 1), (0, "hang", 2), (1, "hang", 1), (1, "hang", 2)]
     assert all(1.9 < e["detect_s"] < 10 for e in fail)
-    assert "rank 1 missed heartbeats" in out and "restart 2/3" in out
+    assert "missed heartbeats" in out and "restart 2/3" in out and "restart 3/3" not in out
     assert {(r, 11) for r in (0, 1)} <= steps_by_restart(ev)[2]
     starts = [e for e in ev if e["kind"] == "worker_start" and e["restart"] > 0]
     assert starts and all(e["import_s"] < 0.05 for e in starts)  # warm standby: torch already imported

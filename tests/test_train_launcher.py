@@ -20,7 +20,7 @@ def test_sigkill_and_hang_recovered_onto_the_same_curve(port, tmp_path):
                                 faults="1:8:sigkill,1:12:hang", metrics=metrics, log_every=0, global_batch=4, seq_len=32))
     res = run_group(cmd, timeout=180)
     assert res.returncode == 0, res.stdout[-4000:]
-    assert "killed by SIGKILL; restart 1/3" in res.stdout
+    assert "rank 1 killed by SIGKILL" in res.stdout and "restart 1/3" in res.stdout
     assert "missed heartbeats" in res.stdout and "restart 2/3" in res.stdout
     events = read_events(metrics)
     assert_one_curve(events, steps=14)

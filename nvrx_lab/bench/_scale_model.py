@@ -53,6 +53,7 @@ class Ranks:
         with ThreadPoolExecutor(64) as pool:  # a connect can stall 5 s on a reverse-DNS lookup: overlap them
             self.clients = list(pool.map(lambda _: CountingClient(connect(host, port, WAIT_S)), range(n)))
         self.stores = [RestartStore(c) for c in self.clients]
+        self.threads: list[threading.Thread] = []
 
     def ops(self) -> int:
         return sum(sum(c.calls.values()) for c in self.clients)
@@ -74,6 +75,7 @@ class Ranks:
 
         threading.stack_size(256 * 1024)
         threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(self.n)]
+        self.threads = threads
         for t in threads:
             t.start()
         deadline = time.monotonic() + timeout
@@ -85,6 +87,14 @@ class Ranks:
         if errors:
             raise errors[0]
         return results
+
+    def join(self, timeout: float) -> int:
+        """Wait for the last :meth:`run`'s threads (once the store is gone their calls fail); returns how many
+        are still alive. A thread left blocked in a store call aborts the interpreter at exit."""
+        deadline = time.monotonic() + timeout
+        for t in self.threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        return sum(t.is_alive() for t in self.threads)
 
 
 # -- in-process restart: what every rank does from the fault to its new assignment ----------------

@@ -67,6 +67,7 @@ def measure(n: int, protocol: str, a) -> dict:
     row: dict = {"ranks": n, "protocol": protocol}
     port = free_port()
     server = host(port)
+    ranks = None
     try:
         t = time.monotonic()
         ranks = Ranks(n, port)
@@ -83,9 +84,10 @@ def measure(n: int, protocol: str, a) -> dict:
             row.update(legacy_heartbeats(ranks, a.heartbeat_interval))
         if "store_ops_per_restart" in row:
             row["ops_per_rank"] = row["store_ops_per_restart"] / n
-        del ranks
     finally:
-        del server
+        del server  # a timed-out row's ranks are blocked in store calls: without the store they fail and end
+        if ranks is not None and ranks.join(30):
+            print(f"[scale] {n} ranks: simulated ranks still blocked 30 s after the store closed", file=sys.stderr)
     return row
 
 
@@ -124,7 +126,10 @@ def main(argv: list[str] | None = None) -> int:
            columns=["ranks", "protocol", "restart_s", "store_ops_per_restart", "ops_per_rank",
                     "heartbeat_store_ops_per_s", "judge_ms", "commit_fs_ops_per_save", "idle_step_fs_ops",
                     "rendezvous0_s", "processes", "connect_s", "wall_s", "error"])
-    return 0
+    failed = [r for r in rows if "error" in r]
+    for r in failed:
+        print(f"[scale] FAILED: {r['ranks']} ranks, {r['protocol']}: {r['error']}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ Passed as the first argument of the wrapped function, one per attempt::
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from datetime import timedelta
 
@@ -28,6 +29,29 @@ from .state import State
 
 class ConfigError(ValueError):
     """A setting that cannot work on any attempt: raised at once, never retried."""
+
+
+def cap_gloo_timeout(timeout: float, cap: float | None) -> None:
+    """Lower the default group's gloo collective timeout to ``cap`` (see ``Wrapper.gloo_max_timeout``)."""
+    if cap is None or timeout <= cap:
+        return
+    try:
+        gloo = dist.group.WORLD._get_backend(torch.device("cpu"))
+    except Exception:  # no CPU backend in this group
+        return
+    if type(gloo).__name__ == "ProcessGroupGloo":
+        gloo._set_default_timeout(timedelta(seconds=cap))
+
+
+def gloo_sockets(backend: str | None, world_size: int) -> int:
+    """Connected TCP sockets a gloo group keeps on each rank: one per peer and device (``GLOO_SOCKET_IFNAME``
+    may list several interfaces, a device each); 0 without gloo, or with a transport other than TCP."""
+    if backend is not None and "gloo" not in str(backend).lower():
+        return 0
+    if not os.environ.get("GLOO_DEVICE_TRANSPORT", "TCP").upper().startswith("TCP"):
+        return 0
+    interfaces = [name for name in os.environ.get("GLOO_SOCKET_IFNAME", "").split(",") if name.strip()]
+    return (world_size - 1) * max(1, len(interfaces))
 
 
 def uses_nccl(backend, device_id) -> bool:
@@ -63,11 +87,12 @@ def connect_device(pg: dist.ProcessGroup, device: torch.device) -> None:
 class CallWrapper:
     def __init__(self, state: State, client: dist.Store, client_fds: set[int], monitor: MonitorThread,
                  sockets: SocketTracker, progress: Progress | None, pg_timeout: float,
-                 on_first_ping=None, nccl_min_timeout: float | None = None):
+                 on_first_ping=None, nccl_min_timeout: float | None = None, gloo_max_timeout: float | None = None):
         self.state = state
         self._client, self._client_fds = client, client_fds
         self._monitor, self._sockets, self._progress = monitor, sockets, progress
         self._pg_timeout, self._nccl_min_timeout = pg_timeout, nccl_min_timeout
+        self._gloo_max_timeout = gloo_max_timeout
         self._on_first_ping = on_first_ping
         self.records: dict[str, float] = {}
         """Values the function reported with :meth:`record` (``reload_s`` goes into the restart log)."""
@@ -137,6 +162,8 @@ class CallWrapper:
             try:
                 dist.init_process_group(backend, store=pg_store, rank=self.rank, world_size=self.world_size,
                                         timeout=timeout, **kwargs)
+                self._sockets.await_connected(gloo_sockets(backend, self.world_size), timeout.total_seconds())
+                cap_gloo_timeout(timeout.total_seconds(), self._gloo_max_timeout)
             finally:
                 self._sockets.commit()
             if device_id is not None:

@@ -17,7 +17,8 @@ thread can sit, and what gets it out (measured on torch 2.13, CPU/gloo; see
   TCP sockets makes gloo's pair fail with "Connection closed by peer" at once, here *and* on the
   peer. The listening socket must be left alone (gloo aborts the process on ``accept`` EINVAL).
   The sockets are the ones the attempt opened: :class:`SocketTracker` diffs ``/proc/self/fd``
-  around ``init_process_group``; while the group initialises, the store client its rendezvous
+  around ``init_process_group`` once the full mesh is there (one per peer: gloo connects some pairs
+  only after ``init_process_group`` has returned); while the group initialises, the store client its rendezvous
   uses is cut too (and replaced afterwards), so a rendezvous blocked on a dead peer ends as well.
 * **An NCCL collective** — ``ProcessGroupNCCL.abort()`` (in :mod:`.abort`), guarded by CUDA,
   always *before* the cut. NCCL's own bootstrap and proxy sockets are never tracked: shutting
@@ -37,6 +38,7 @@ import signal
 import socket
 import stat
 import threading
+import time
 from collections.abc import Iterable
 
 INTERRUPT_SIGNAL = signal.SIGUSR1
@@ -88,11 +90,11 @@ def socket_fds() -> set[int]:
     return out
 
 
-def shutdown_connected(fds: Iterable[int]) -> int:
+def shutdown_connected(fds: Iterable[int], shut: bool = True) -> int:
     """``shutdown(SHUT_RDWR)`` every *connected* TCP socket among ``fds``; listeners are skipped.
 
     The descriptor is duplicated for the call, so the owner's fd number stays valid and is closed
-    by its owner later. Returns how many sockets were shut down.
+    by its owner later. Returns how many sockets were shut down (``shut=False``: only counted).
     """
     n = 0
     for fd in fds:
@@ -106,7 +108,8 @@ def shutdown_connected(fds: Iterable[int]) -> int:
             if s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
                 continue
             s.getpeername()  # raises if not connected
-            s.shutdown(socket.SHUT_RDWR)
+            if shut:
+                s.shutdown(socket.SHUT_RDWR)
             n += 1
         except OSError:
             pass
@@ -142,6 +145,21 @@ class SocketTracker:
             self._before = socket_fds()
             self._init_only = set(init_only or ())
             self._initializing = True
+
+    def await_connected(self, n: int, timeout: float) -> int:
+        """Wait until ``n`` connected TCP sockets were opened since :meth:`begin` (at most ``timeout`` s);
+        returns how many there are. gloo's ``init_process_group`` returns before its full mesh exists on
+        every rank: at 16 ranks here, 10 of a rank's 15 pair sockets were there when it returned, the last
+        ones ~1 ms later. Fixed without them, a cut misses them, and a rank waiting on one stays in its
+        collective until the hard timeout kills it (2 of 10 restarts at 16 ranks)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                new = socket_fds() - self._before if self._before is not None else set()
+            have = shutdown_connected(new, shut=False)
+            if have >= n or time.monotonic() >= deadline:
+                return have
+            time.sleep(0.001)
 
     def commit(self) -> None:
         """Fix the tracked set: what was opened since :meth:`begin`; nothing opened later."""

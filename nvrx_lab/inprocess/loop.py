@@ -57,6 +57,7 @@ class RestartLoop:
         self.cfg, self.fn = cfg, fn
         self.history: list[RestartRecord] = []
         self.proc = self.progress = self.monitor = self.store = self.watch = None
+        self._froze = False
         self._emitted: set[int] = set()
 
     # -- entry ---------------------------------------------------------------------------------
@@ -90,6 +91,7 @@ class RestartLoop:
             self.monitor.start()
             self.watch.start()
             self.progress.write(armed=True)
+            self._froze = teardown.freeze_what_lives()
             return self._loop(args, kwargs)
         finally:
             self._shutdown()
@@ -156,7 +158,7 @@ class RestartLoop:
         sys.excepthook = self.excepthook
         on_first = (lambda cw: self._emit_unarmed(pending, cw.records)) if pending is not None else None
         cw = CallWrapper(state, self.pg_client, self.pg_client_fds, self.monitor, self.sockets, self.progress,
-                         self.cfg.pg_timeout, on_first, nccl_min_timeout=self.cfg.nccl_min_timeout)
+                         self.cfg.pg_timeout, on_first, self.cfg.nccl_min_timeout, self.cfg.gloo_max_timeout)
         active = [r for r, k in state.assignment.items() if k is not None]
         end = self.watch.watch(self.store.end_key(n), ATTEMPT_WAIT_S)
         self.monitor.arm(state, end)
@@ -295,3 +297,4 @@ class RestartLoop:
         if self.progress is not None:
             self.progress.close()
         self.interrupter.restore()
+        teardown.thaw(self._froze)

@@ -114,6 +114,17 @@ class Wrapper:
             raise ValueError(f"Wrapper.store_port must be a TCP port (1..65535), got {self.store_port}")
 
     @property
+    def gloo_max_timeout(self) -> float | None:
+        """The gloo part's collective timeout is capped here: a tenth (at least 1 s) under ``hard_timeout``.
+        gloo leaves a send that was queued on a pair when the pair fails (its sockets cut by an abort) waiting
+        until this timeout: ``Pair::signalException`` wakes bound buffers in the send queue, not unbound ones.
+        At 16 ranks here that kept a rank in its collective after 2 of 10 aborts, and the monitor process
+        killed it at the hard timeout. Capped, it raises first and rejoins. ``None`` without a hard timeout."""
+        if self.hard_timeout is None:
+            return None
+        return self.hard_timeout - max(1.0, 0.1 * self.hard_timeout)
+
+    @property
     def nccl_min_timeout(self) -> float:
         """An NCCL group's collective timeout must exceed this (see ``pg_timeout``)."""
         return self.hard_timeout if self.hard_timeout is not None else self.soft_timeout

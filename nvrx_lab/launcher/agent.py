@@ -46,6 +46,12 @@ from nvrx_lab.net import listen
 
 log = logging.getLogger(__name__)
 _STORE_KEY = "nvrx_lab/worker_store"
+SETTLE_S = 0.5
+"""After a worker fails, how long the agent waits for the rest of its group to fail or exit before it acts. One
+rank's loss takes its partners down a moment later (gloo: connection reset; a hang: silent in the next
+collective, their last heartbeats microseconds apart), and which of them a poll sees first is chance. So the
+agent names every worker that failed and judges a usage error on all of their exit codes. It acts as soon as
+every worker has exited or failed: the wait costs time only where a survivor stays up."""
 
 
 def _republish_bootstrap(handler) -> None:
@@ -125,23 +131,35 @@ class HeartbeatAgent(LocalElasticAgent):
             handler.proc.wait(self._shutdown_timeout)
 
     # ------------------------------------------------------------ monitoring
-    def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
-        if self._pcontext is None:
-            raise AssertionError("no workers started")
-        workers = worker_group.workers
+    def _losses(self, workers) -> tuple[dict[int, int | None], list[Failure]]:
+        """Each local worker's exit code (``None``: running) and the failures among them: errors and hangs."""
         exits = {lr: h.proc.poll() for lr, h in self._pcontext.subprocess_handlers.items()}
-        exited = {lr: rc for lr, rc in exits.items() if rc is not None}
         lost: list[Failure] = []
         now = time.monotonic()
-        for lr, rc in sorted(exited.items()):
-            if rc != 0 and lr not in self._tolerated:
+        for lr, rc in sorted(exits.items()):
+            if rc and lr not in self._tolerated:
                 reason, detail = describe_exit(rc)
                 lost_at = self.monitors.state(lr).lost_at
                 lost.append(Failure(lr, workers[lr].global_rank, reason, detail, exit_code=rc,
                                     detect_s=None if lost_at is None else now - lost_at))
         for lr, detail, silent in self.monitors.hung(now):
-            if lr not in exited and lr not in self._tolerated:
+            if exits[lr] is None and lr not in self._tolerated:
                 lost.append(Failure(lr, workers[lr].global_rank, "hang", detail, detect_s=silent))
+        return exits, lost
+
+    def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        if self._pcontext is None:
+            raise AssertionError("no workers started")
+        workers = worker_group.workers
+        exits, lost = self._losses(workers)
+        deadline = time.monotonic() + SETTLE_S
+        while lost and time.monotonic() < deadline:  # let the rest of the group follow (SETTLE_S)
+            settled = {f.local_rank for f in lost} | self._tolerated | {lr for lr, rc in exits.items() if rc is not None}
+            if len(settled) == len(exits):
+                break
+            time.sleep(0.01)
+            exits, lost = self._losses(workers)
+        exited = {lr: rc for lr, rc in exits.items() if rc is not None}
 
         if not lost:
             if len(exited) == len(exits):  # everyone finished

@@ -70,9 +70,10 @@ def main() -> None:
     call_wrapper.connect_device = fake_connect_device
     tracker = SocketTracker()
     cw = call_wrapper.CallWrapper(State(rank, ws, 0, rank, ws, tuple(range(ws)), {r: r for r in range(ws)}),
-                                  store, store_fds, FakeMonitor(), tracker, None, 30.0)
+                                  store, store_fds, FakeMonitor(), tracker, None, 30.0, gloo_max_timeout=9.0)
     cw.init_process_group("gloo", device_id=torch.device("cuda", 0))
     owned = tracker.owned
+    gloo_timeout = dist.group.WORLD._get_backend(torch.device("cpu")).options._timeout.total_seconds()
     gloo_tracked = connected(owned)  # before the cut: a shut-down socket has no peer
     fake_fds = {s.fileno() for s in FAKE}
     dist.all_reduce(torch.ones(2))
@@ -85,7 +86,7 @@ def main() -> None:
         dist.all_reduce(torch.ones(2))
     except Exception as e:
         error = f"{type(e).__name__} after {time.monotonic() - t0:.2f} s"
-    emit({"rank": rank, "gloo_tracked": gloo_tracked, "fake_tracked": len(owned & fake_fds),
+    emit({"rank": rank, "gloo_tracked": gloo_tracked, "gloo_timeout_s": gloo_timeout, "fake_tracked": len(owned & fake_fds),
                       "store_tracked": len(owned & store_fds), "fake_alive_after_cut": fake_alive,
                       "gloo_error_after_cut": error})
     dist.destroy_process_group()
