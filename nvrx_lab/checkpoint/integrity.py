@@ -12,11 +12,13 @@ non-tensor values with ``torch.load(weights_only=False)``. :class:`SafeReader` a
 :class:`SafeLoadPlanner` close both doors: the metadata goes through :class:`RestrictedUnpickler`
 (DCP's metadata classes, ``torch.Size``, dtypes, ``pathlib`` paths; anything else, such as
 ``os.system`` in a crafted file, is refused) and values through ``torch.load(weights_only=True)``.
-Tensors are read by DCP itself with ``weights_only=True``.
+Tensors are read straight into the state's memory (:mod:`.direct_read`; their pickles with
+``weights_only=True``), or by DCP itself with ``weights_only=True`` where they cannot be.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -31,6 +33,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import StorageMeta
 
 from .checksum import KEY, crc32c, of_entry
+from .direct_read import read_into
 from .errors import CheckpointCorruptError
 from .throttle import VERIFY_CHUNK
 
@@ -190,6 +193,17 @@ class SafeReader(FileSystemReader):
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
+
+
+    def read_data(self, plan, planner):
+        """Tensors straight into the state's memory (:mod:`.direct_read`); whatever cannot be, DCP's way."""
+        per_file: dict[str, list] = {}
+        for item in plan.items:
+            per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
+        left = []
+        for relative, items in per_file.items():
+            left += read_into(str(self.fs.concat_path(self.path, relative)), items, planner, self.storage_data)
+        return super().read_data(dataclasses.replace(plan, items=left), planner)
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):

@@ -40,7 +40,8 @@ from nvrx_lab.net import wait_for
 
 from .rank_assignment import ShiftRanks
 
-_FIELDS = {"progress": (0, "<d"), "iteration": (8, "<q"), "armed": (16, "<q"), "finished": (24, "<q")}
+_FIELDS = {"progress": (0, "<d"), "iteration": (8, "<q"), "armed": (16, "<q"), "finished": (24, "<q"),
+           "store_up": (32, "<q")}
 """Offset and format of each field of the shared page, one aligned 8-byte word each."""
 
 
@@ -80,6 +81,11 @@ class Progress:
     def read(self) -> tuple[float, int, bool, bool]:
         finished, armed, iteration = (self._get(n) for n in ("finished", "armed", "iteration"))
         return self._get("progress"), iteration, bool(armed), bool(finished)
+
+    @property
+    def store_up(self) -> bool:
+        """Set by a monitor process that hosts the store, once it listens."""
+        return bool(self._get("store_up"))
 
     def close(self) -> None:
         self.map.close()
@@ -126,7 +132,15 @@ def start(rank: int, world_size: int, store_host: str, store_port: int, host_sto
     parent = os.getpid()
     pid = os.fork()
     if pid:
-        return MonitorProcess(pid), progress
+        proc = MonitorProcess(pid)
+        if host_store:  # the rank that hosts the store fails at once, and says why, if it could not
+            wait_for(lambda: progress.store_up or proc.poll() is not None, 60.0, f"the store on {store_host}:{store_port}",
+                     interval=0.002)
+            if not progress.store_up:
+                progress.close()
+                raise RuntimeError(f"rank {rank} could not host the in-process restart store on {store_host}:{store_port} "
+                                   "(its error is above; the port may be taken: pass Wrapper(store_port=...))")
+        return proc, progress
     code = 1
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the rank; we follow its fate
@@ -160,6 +174,7 @@ def _run(rank, world_size, store_host, store_port, host_store, hard_timeout, int
     from . import store as st
 
     server = st.host(store_port, bind=store_host) if host_store else None
+    progress._put("store_up", int(server is not None))
     client = st.RestartStore(st.connect(store_host, store_port))
     parent_gone = False
     next_beat = 0.0

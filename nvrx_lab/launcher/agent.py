@@ -152,13 +152,19 @@ class HeartbeatAgent(LocalElasticAgent):
             raise AssertionError("no workers started")
         workers = worker_group.workers
         exits, lost = self._losses(workers)
-        deadline = time.monotonic() + SETTLE_S
+        seen = {f.local_rank: 0 for f in lost}  # poll in which each failure was first seen
+        deadline, poll = time.monotonic() + SETTLE_S, 0
         while lost and time.monotonic() < deadline:  # let the rest of the group follow (SETTLE_S)
             settled = {f.local_rank for f in lost} | self._tolerated | {lr for lr, rc in exits.items() if rc is not None}
             if len(settled) == len(exits):
                 break
             time.sleep(0.01)
             exits, lost = self._losses(workers)
+            poll += 1
+            for f in lost:
+                seen.setdefault(f.local_rank, poll)
+        # the likely cause first: seen first, and a signal (nothing but a kill) before a hang or an error exit
+        lost.sort(key=lambda f: (seen.get(f.local_rank, 0), ("signal", "hang", "exit").index(f.reason), f.local_rank))
         exited = {lr: rc for lr, rc in exits.items() if rc is not None}
 
         if not lost:
