@@ -167,10 +167,18 @@ def test_nccl_group_timeout_must_exceed_the_hard_timeout():
         call_wrapper(min_timeout=60, pg_timeout=45).init_process_group(None, device_id=torch.device("cuda", 0))
 
 
+def one_rank(tmp_path, port: int, source: str) -> subprocess.CompletedProcess:
+    """``source`` run as a script by a world of one rank (``MASTER_PORT=port``)."""
+    script = tmp_path / "w.py"
+    script.write_text(source)
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    return subprocess.run([sys.executable, str(script)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=50)
+
+
 @pytest.mark.timeout(60)
 def test_a_config_error_is_raised_at_once_not_retried(tmp_path, port):
-    script = tmp_path / "w.py"
-    script.write_text(
+    res = one_rank(
+        tmp_path, port,
         "from nvrx_lab.inprocess import Wrapper, ConfigError\n"
         "calls = []\n"
         "@Wrapper(soft_timeout=5, hard_timeout=10, pg_timeout=8, max_iterations=5, barrier_timeout=20)\n"
@@ -181,10 +189,7 @@ def test_a_config_error_is_raised_at_once_not_retried(tmp_path, port):
         "    fn()\n"
         "except ConfigError as e:\n"
         "    print('CONFIG', calls, e)\n")
-    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    res = subprocess.run([sys.executable, str(script)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=50)
     assert "CONFIG [0] the NCCL collective timeout (8 s)" in res.stdout, res.stdout + res.stderr
-
 
 
 @pytest.mark.timeout(60)
@@ -192,8 +197,8 @@ def test_a_config_error_is_raised_at_once_not_retried(tmp_path, port):
 def test_what_lives_before_the_first_attempt_is_frozen_during_the_loop_only(tmp_path, port, user_froze):
     """Restart collections scan only what attempts made (``gc.freeze``); afterwards the collector sees everything
     again, unless the user had frozen first (a pre-fork freeze is theirs to keep)."""
-    script = tmp_path / "w.py"
-    script.write_text(
+    res = one_rank(
+        tmp_path, port,
         "import gc\n"
         "from nvrx_lab.inprocess import Wrapper\n"
         f"{'gc.freeze()' if user_froze else ''}\n"
@@ -203,8 +208,6 @@ def test_what_lives_before_the_first_attempt_is_frozen_during_the_loop_only(tmp_
         "    return gc.get_freeze_count()\n"
         "during = fn()\n"
         "print('FROZEN', before > 0, during > before, gc.get_freeze_count() > 0)\n")
-    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    res = subprocess.run([sys.executable, str(script)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=50)
     assert f"FROZEN {user_froze} True {user_froze}" in res.stdout, res.stdout + res.stderr
 
 
@@ -215,18 +218,13 @@ def test_a_taken_store_port_fails_at_once_and_says_so(tmp_path, port):
     import socket
 
     squatter = socket.create_server(("127.0.0.1", port + 1))
-    script = tmp_path / "w.py"
-    script.write_text(
-        "from nvrx_lab.inprocess import Wrapper\n"
-        "@Wrapper(soft_timeout=5, hard_timeout=10, max_iterations=3, barrier_timeout=120)\n"
-        "def fn(cw):\n"
-        "    return 0\n"
-        "fn()\n")
-    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     t0 = time.monotonic()
     try:
-        res = subprocess.run([sys.executable, str(script)], env=env, cwd=ROOT, capture_output=True, text=True,
-                             timeout=50)
+        res = one_rank(tmp_path, port, "from nvrx_lab.inprocess import Wrapper\n"
+                                       "@Wrapper(soft_timeout=5, hard_timeout=10, max_iterations=3, barrier_timeout=120)\n"
+                                       "def fn(cw):\n"
+                                       "    return 0\n"
+                                       "fn()\n")
     finally:
         squatter.close()
     assert res.returncode != 0 and time.monotonic() - t0 < 30, res.stderr[-3000:]
