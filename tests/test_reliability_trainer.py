@@ -25,6 +25,13 @@ def test_curve_and_resume_checks_catch_what_they_promise():
     assert "another loss" in trainer.curve_problem(events, 2)
     assert trainer.curve_problem(events[:2], 3) == "steps missing: [3]"
     assert "resumed from step 2" in trainer.resume_problem(events)
+    # redone by a world of one: the same loss up to rounding passes, a real difference does not
+    alone = [{"kind": "start", "rank": 0, "world_size": 2, "t": 0}, step(1, 5.440786361694336, 1),
+             {"kind": "resume", "rank": 1, "world_size": 1, "step": 0, "t": 2}, {**step(1, 5.440786838531494, 3), "rank": 1}]
+    assert trainer.curve_problem(alone, 1) is None
+    alone[-1]["loss"] = 5.4408
+    assert "another loss" in trainer.curve_problem(alone, 1)
+    assert "another loss" in trainer.curve_problem([alone[0], alone[1], {**alone[1], "loss": 5.440786838531494}], 1)
     assert trainer.resume_problem([{"kind": "ckpt_commit", "step": 2, "t": 2.5, "rank": 0}, *events]) is None
 
 
