@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import io
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import torch
 from torch.distributed.checkpoint.planner import LoadItemType
@@ -85,13 +85,14 @@ def _read_one(fd: int, offset: int, length: int, req, target: torch.Tensor) -> b
 
 def read_into(path: str, items: list, planner, storage_data: dict) -> list:
     """Read the tensor items of one file into their targets; returns the requests left for DCP's path."""
-    direct = [r for r in items if r.type != LoadItemType.BYTE_IO and not storage_data[r.storage_index].transform_descriptors]
-    left = [r for r in items if r not in direct]
+    left, jobs = [], []
     fd = os.open(path, os.O_RDONLY)
     try:
-        jobs = []
-        for req in direct:
+        for req in items:
             info = storage_data[req.storage_index]
+            if req.type == LoadItemType.BYTE_IO or info.transform_descriptors:
+                left.append(req)
+                continue
             target = planner.resolve_tensor(req).detach()
             jobs.append((req, target, _pool.submit(_read_one, fd, info.offset, info.length, req, target)))
         for req, target, job in jobs:
@@ -100,5 +101,6 @@ def read_into(path: str, items: list, planner, storage_data: dict) -> list:
             else:
                 left.append(req)
     finally:
+        wait([job for _, _, job in jobs])  # after an error too: no read may outlive the fd (its number is reused)
         os.close(fd)
     return left

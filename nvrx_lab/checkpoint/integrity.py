@@ -194,7 +194,6 @@ class SafeReader(FileSystemReader):
         metadata.storage_meta.load_id = self.load_id
         return metadata
 
-
     def read_data(self, plan, planner):
         """Tensors straight into the state's memory (:mod:`.direct_read`); whatever cannot be, DCP's way."""
         per_file: dict[str, list] = {}
