@@ -88,7 +88,7 @@ class TrainConfig(ModelConfig):
     straggler_interval: int = 0
     """Straggler detection: every N steps the ranks exchange their compute times and score each other
     (nvrx_lab.straggler); 0 = off."""
-    straggler_threshold: float = 0.75
+    straggler_threshold: float = 0.8
     """Straggler detection: a rank whose speed relative to the fastest rank (1.0 = fastest) is below this is
     reported; in (0, 1]."""
     straggler_action: Literal["report", "restart"] = "report"

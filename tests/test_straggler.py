@@ -12,6 +12,7 @@ import sys
 import time
 
 import pytest
+import torch
 from conftest import ROOT, run_group
 
 from nvrx_lab.bench.straggler import busy_loops
@@ -45,6 +46,47 @@ def test_detector_names_after_patience_reports_and_checks_its_settings():
                        (dict(patience=0), "patience")):
         with pytest.raises(ValueError, match=match):
             Detector(**bad)
+
+
+def test_a_stretch_of_slower_steps_moves_a_score_by_its_share_only():
+    """Noise on a shared core comes in stretches: 6 of 10 steps fast on one rank and 6 of 10 slow on the
+    other. A median would score the second rank 10/15 = 0.67 (a rank slowed 1.5×); the mean says 12/13."""
+    ranks = [Detector(interval=10), Detector(interval=10)]
+    ranks[0].record([{"compute": 0.010}] * 6 + [{"compute": 0.015}] * 4)
+    ranks[1].record([{"compute": 0.015}] * 6 + [{"compute": 0.010}] * 4)
+    means = [d.own_means()[0] for d in ranks]
+    assert means == [pytest.approx(0.012), pytest.approx(0.013)]
+    rel = relative_perf_scores([{"compute": m} for m in means])
+    assert rel[1]["compute"] == pytest.approx(12 / 13) and not identify_stragglers(rel, [{}] * 2, 0.75)
+
+
+class _Warmup(torch.nn.Module):
+    """A leaf whose forward is heavy once, as an attempt's first step is (optimizer state, cold caches)."""
+
+    def forward(self, x):
+        for _ in range(50):
+            x = x @ x / x.shape[0]
+        return x
+
+
+def test_an_attempts_first_step_is_not_timed():
+    from nvrx_lab.straggler import StragglerHooks
+
+    events = []
+    hooks = StragglerHooks(interval=3, emit=lambda kind, **f: events.append((kind, f)))
+    leaf, warmup, x = torch.nn.Linear(4, 4), _Warmup(), torch.randn(1, 4)
+    hooks.start()
+    try:
+        for step in (1, 2, 3):
+            leaf(x)
+            if step == 1:
+                warmup(torch.randn(300, 300))  # ~20 ms of CPU here
+            hooks.after_step(step)
+    finally:
+        hooks.close()
+    ((kind, fields),) = events
+    assert kind == "straggler_scores" and fields["step"] == 3
+    assert fields["mean_ms"]["compute"][0] < 1.0, fields  # one tiny forward a step, not the heavy one
 
 
 @pytest.mark.parametrize("flags, match", [

@@ -9,8 +9,8 @@ slow, says how slow, and optionally acts on it. Mirrors NVRx's ``straggler`` pac
 
 * :mod:`.timers` — :class:`ComputeTimer`: each rank times its own compute per step in sections
   (``forward`` of leaf modules, ``optimizer``), excluding the time spent waiting in collectives;
-  ``perf_counter`` on CPU, CUDA events on GPUs;
-* :mod:`.scores` — the scores, pure functions of every rank's medians;
+  CPU time on CPU, CUDA events on GPUs;
+* :mod:`.scores` — the scores, pure functions of every rank's mean section times;
 * :mod:`.detector` — :class:`Detector`: every ``interval`` steps one all-gather of a few floats per
   rank over the CPU group, then the same :class:`Report` on every rank;
 * :mod:`.hooks` — :class:`StragglerHooks`, the trainer's side (``--straggler-interval``,

@@ -6,7 +6,7 @@
 step's timing after each step and, every ``N`` steps, asks the :class:`~.detector.Detector` for a
 report. Then:
 
-* rank 0 emits ``straggler_scores`` (every rank's medians and scores per section);
+* rank 0 emits ``straggler_scores`` (every rank's mean time per step and scores, per section);
 * a rank named a straggler (below ``T`` in two consecutive reports) emits ``straggler`` about itself
   (rank, score, section) at each report and, when newly named, prints one ``STRAGGLER`` line;
 * with ``restart``, once a rank is named every rank raises :class:`StragglerDetected` at the same
@@ -26,7 +26,7 @@ import torch.distributed as dist
 from nvrx_lab.hooks import Hooks
 
 from .detector import Detector
-from .scores import Report
+from .scores import THRESHOLD, Report
 from .timers import ComputeTimer
 
 ACTIONS = ("report", "restart")
@@ -51,7 +51,7 @@ def cpu_group() -> dist.ProcessGroup | None:
 class StragglerHooks(Hooks):
     """Times compute, scores every ``interval`` steps, reports (and acts on) stragglers."""
 
-    def __init__(self, interval: int = 10, threshold: float = 0.75, action: str = "report",
+    def __init__(self, interval: int = 10, threshold: float = THRESHOLD, action: str = "report",
                  emit: Callable[..., None] | None = None, device: torch.device | None = None, patience: int = 2,
                  clock: str = "cpu"):
         if action not in ACTIONS:
@@ -65,6 +65,8 @@ class StragglerHooks(Hooks):
         """Why this rank must leave at the next restart; empty: healthy."""
         self.overhead_s = 0.0
         """Seconds this rank spent reporting (gathering, scoring, emitting)."""
+        self.warm = False
+        """Whether this attempt's first step is over (it is not timed: see :meth:`after_step`)."""
 
     def start(self) -> None:
         """Each attempt: a fresh detector on the attempt's group (ranks and world size may have changed)."""
@@ -72,9 +74,14 @@ class StragglerHooks(Hooks):
         self.detector = Detector(self.interval, self.threshold, cpu_group(), patience=self.patience)
         self.timer.discard()
         self.timer.install()
+        self.warm = False
 
     def after_step(self, step: int) -> None:
-        self.timer.end_step()
+        if self.warm:
+            self.timer.end_step()
+        else:  # the attempt's first step (optimizer state, cold caches) takes 8-15x a later one here: it is
+            self.timer.discard()  # not the rank's speed, and it would weigh on its interval's mean
+            self.warm = True
         if self.detector is None or not self.detector.due(step):
             return
         t0 = time.perf_counter()
@@ -89,7 +96,7 @@ class StragglerHooks(Hooks):
         if self.rank == 0:
             self.emit("straggler_scores", step=report.step, relative=report.by_section(report.relative),
                       individual=report.by_section(report.individual), overhead_s=round(self.overhead_s, 6),
-                      medians_ms={s: [round(m.get(s, 0.0) * 1e3, 4) for m in report.medians] for s in report.medians[0]})
+                      mean_ms={s: [round(m.get(s, 0.0) * 1e3, 4) for m in report.times] for s in report.times[0]})
         for s in report.stragglers:
             if s.rank != self.rank:
                 continue
