@@ -190,3 +190,10 @@ def test_goodput_counts_the_time_lost_to_a_slow_rank():
     report = analyze(events)
     assert report.ideal_step_s == pytest.approx(0.1) and report.slow_lost_s == pytest.approx(1.0)
     assert report.faults == [] and report.row()["slow_lost_s"] == pytest.approx(1.0)  # no failure, no recovery
+
+
+def test_the_scale_model_scores_a_report_of_many_ranks_and_names_the_slow_one():
+    from nvrx_lab.bench._scale_model import measure_straggler_report
+
+    row = measure_straggler_report(256)  # raises unless the slowed last rank, and only it, is named
+    assert row["straggler_bytes_per_rank"] == 256 * 3 * 8 and row["straggler_report_ms"] > 0

@@ -15,7 +15,10 @@ operation and times what a user waits for:
 * ``store_ops_per_restart`` — store operations of all ranks in that window (target <= 10 N);
 * ``heartbeat_store_ops_per_s`` — at ``--heartbeat-interval`` (target <= 2 N / interval);
 * ``commit_fs_ops_per_save``, ``idle_step_fs_ops`` — one save of N ranks, and a training step
-  while a save is pending (targets <= N + 10 and 0).
+  while a save is pending (targets <= N + 10 and 0);
+* ``straggler_report_ms``, ``straggler_bytes_per_rank`` — one straggler report on each rank: scoring
+  the gathered N-rank matrix (the real :class:`~nvrx_lab.straggler.Detector`), and what its all-gather
+  brings each rank (3 float64 per rank; the gloo collective itself is not simulated).
 
 ``--protocols new legacy``: ``legacy`` is the first version (``_scale_legacy.py``), where every
 rank polled every rank's keys; it runs up to ``--legacy-max-ranks`` (it is O(N^2) per event).
@@ -31,7 +34,7 @@ import threading
 import time
 
 from nvrx_lab.bench import _scale_legacy as legacy
-from nvrx_lab.bench._scale_model import Ranks, measure_commit, measure_heartbeats, measure_restart
+from nvrx_lab.bench._scale_model import Ranks, measure_commit, measure_heartbeats, measure_restart, measure_straggler_report
 from nvrx_lab.bench._scale_procs import measure_restart_procs
 from nvrx_lab.inprocess.store import host
 from nvrx_lab.net import free_port
@@ -76,6 +79,7 @@ def measure(n: int, protocol: str, a) -> dict:
             procs = -(-n // a.ranks_per_process)
             row.update(measure_restart_procs(n, procs, a.timeout) if procs > 1 else measure_restart(ranks, a.timeout))
             row.update(measure_heartbeats(ranks, a.heartbeat_interval))
+            row.update(measure_straggler_report(n))
             with tempfile.TemporaryDirectory(prefix="nvrx_scale_", dir=a.workdir) as root:
                 row.update(measure_commit(ranks, root, a.timeout))
         else:
@@ -125,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
            extra={"heartbeat_interval_s": a.heartbeat_interval},
            columns=["ranks", "protocol", "restart_s", "store_ops_per_restart", "ops_per_rank",
                     "heartbeat_store_ops_per_s", "judge_ms", "commit_fs_ops_per_save", "idle_step_fs_ops",
-                    "rendezvous0_s", "processes", "connect_s", "wall_s", "error"])
+                    "straggler_report_ms", "straggler_bytes_per_rank", "rendezvous0_s", "processes", "connect_s",
+                    "wall_s", "error"])
     failed = [r for r in rows if "error" in r]
     for r in failed:
         print(f"[scale] FAILED: {r['ranks']} ranks, {r['protocol']}: {r['error']}", file=sys.stderr)
