@@ -33,6 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from nvrx_lab.bench._scale_model import measure_straggler_report
 from nvrx_lab.events import last_run, read_events
 from nvrx_lab.net import free_port_pair
 from nvrx_lab.runner import Torchrun, run, trainer
@@ -44,7 +45,6 @@ INTERVAL = 30
 """Steps per report of the detection and false-report cases (``--interval``)."""
 OVERHEAD_INTERVAL = 10
 """Steps per report of the overhead case: the issue's figure (a report costs the same at any interval)."""
-SECTIONS = 3  # compute, forward, optimizer: float64 each
 
 
 @contextlib.contextmanager
@@ -155,9 +155,12 @@ def overhead(root: Path, pairs: int, steps: int) -> dict:
 
 
 def scale_row(ranks: int = 1024) -> dict:
-    gathered = ranks * SECTIONS * 8
+    """One report at ``ranks`` ranks, as the scale model prices it (``python -m nvrx_lab.bench scale``)."""
+    cost = measure_straggler_report(ranks)
+    gathered = cost["straggler_bytes_per_rank"]
     return {"case": f"exchange at {ranks} ranks (model)", "ranks": ranks, "load": "-", "interval": OVERHEAD_INTERVAL,
-            "runs": 0, "bytes per rank per report": gathered, "bytes per rank per step": gathered / OVERHEAD_INTERVAL}
+            "runs": 0, "report ms": cost["straggler_report_ms"], "bytes per rank per report": gathered,
+            "bytes per rank per step": gathered / OVERHEAD_INTERVAL}
 
 
 def main(argv: list[str] | None = None) -> int:
