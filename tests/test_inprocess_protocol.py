@@ -13,9 +13,11 @@ import pytest
 
 from nvrx_lab.bench._scale_model import CountingClient, Ranks
 from nvrx_lab.inprocess import rendezvous
+from nvrx_lab.inprocess.interrupt import MainThreadInterrupter
+from nvrx_lab.inprocess.monitor import MonitorThread
 from nvrx_lab.inprocess.monitor_process import Judge, Progress
 from nvrx_lab.inprocess.rank_assignment import FillGaps, ShiftRanks
-from nvrx_lab.inprocess.store import RestartStore, connect, host
+from nvrx_lab.inprocess.store import Decision, RestartStore, connect, encode_decision, host
 from nvrx_lab.inprocess.watch import KeyWatch
 from nvrx_lab.net import free_port, wait_for
 
@@ -51,6 +53,19 @@ def test_rendezvous_decides_once_with_constant_operations_per_rank(store_port):
     per_rank = sorted(sum(c.calls.values()) for c in ranks.clients)
     assert per_rank[0] == 5 and per_rank[-1] <= 10 and sum(per_rank) <= 8 * 6, per_rank
     assert not any(c.calls["check"] > 1 for c in ranks.clients)  # nobody loops over the others' keys
+
+
+def test_a_decision_reads_as_the_assignment_it_encodes():
+    """Spares are ``None``, ranks outside the attempt are not keys, and a rank reads its own entry directly."""
+    assignment = {0: 1, 2: 0, 3: None, 5: 2}
+    decision = Decision(encode_decision(assignment))
+    assert decision == assignment and dict(decision) == assignment and len(decision) == 4
+    assert decision[3] is None and 3 in decision and 1 not in decision and 6 not in decision and -1 not in decision
+    with pytest.raises(KeyError):
+        decision[4]
+    assert sorted(decision) == [0, 2, 3, 5] and decision.get(4, "absent") == "absent"
+    assert len(encode_decision({r: r for r in range(4096)})) == 4 * 4096  # 16 KB at 4,096 ranks
+    assert Decision(encode_decision({})) == {}  # every member dead: an empty attempt
 
 
 @pytest.mark.timeout(60)
@@ -127,6 +142,29 @@ def test_heartbeats_are_judged_once_by_the_store_host(store_port):
     notice = host_store.deaths([5])[5]
     assert notice["cause"] == "dead" and "judged by the store host" in notice["detail"]
     assert host_store.faults(0)[0]["rank"] == 5 and host_store.end(0) == "fault"
+
+
+@pytest.mark.timeout(60)
+def test_the_monitor_thread_beats_only_when_its_monitor_process_has_stopped(store_port):
+    """One beat a rank reaches the store: the monitor process's, noted in the shared page. The thread stands in
+    once those notes are two intervals old (the process is gone), so a rank looks dead only when both stop."""
+    client = CountingClient(connect("127.0.0.1", store_port))
+    page, interrupter = Progress(), MainThreadInterrupter()
+    monitor = MonitorThread(RestartStore(client), 3, interrupter, lambda state: None, soft_timeout=60.0,
+                            heartbeat_interval=0.05, interval=0.005, page=page)
+    monitor.start()
+    try:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 0.5:  # the monitor process beats
+            page._put("beat", time.monotonic())
+            time.sleep(0.02)
+        assert client.calls["add"] == 0
+        wait_for(lambda: client.calls["add"] >= 3, 5, "the monitor thread's beats once the process stopped")
+    finally:
+        monitor.stop()
+        interrupter.restore()
+        page.close()
+    assert monitor.error is None and int(RestartStore(connect("127.0.0.1", store_port)).client.get("hb/3")) >= 3
 
 
 HOST = """

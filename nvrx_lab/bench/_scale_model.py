@@ -4,8 +4,10 @@ Simulated ranks are threads, each with its own client of one real ``TCPStore`` (
 rank has), running the control-plane code of the wrapper itself — :class:`RestartStore`,
 :func:`nvrx_lab.inprocess.rendezvous.join`, the store host's :class:`Judge` — in the order
 :class:`~nvrx_lab.inprocess.loop.RestartLoop` runs it. What is stubbed is the data plane: no
-model, no process group, no tensor. Every store call is one round trip and is counted as one
-operation (a ``multi_get`` of N keys too: the server answers it in one message).
+model, no process group, no tensor. An operation is a request the server handles: ``get`` and
+``multi_get`` (of any number of keys) count two, because torch's client first sends a ``wait`` for
+the keys and then the read; every other call is one request (``set`` and ``append`` are not even
+answered).
 """
 
 from __future__ import annotations
@@ -26,8 +28,12 @@ from nvrx_lab.inprocess.store import RestartStore, connect
 WAIT_S = 120.0
 
 
+REQUESTS = {"get": 2, "multi_get": 2}
+"""Requests a call sends the server, where it is not one (read off ``strace`` of torch 2.13's client)."""
+
+
 class CountingClient:
-    """A store client that counts its calls by name (one counter per client: no sharing)."""
+    """A store client that counts the requests of its calls, by call (one counter per client: no sharing)."""
 
     def __init__(self, client):
         self._client = client
@@ -39,7 +45,7 @@ class CountingClient:
             return fn
 
         def counted(*args, **kwargs):
-            self.calls[name] += 1
+            self.calls[name] += REQUESTS.get(name, 1)
             return fn(*args, **kwargs)
 
         return counted
@@ -108,7 +114,8 @@ def restart_rank(store: RestartStore, me: int, n: int, previous: dict, faulty: i
         store.report_fault(n, me, "exception", "injected")  # _run_attempt's except branch
     wait(store.end_key(n))  # the monitor thread sees the attempt's end ...
     store.end(n)  # ... and reads it once
-    store.faults(n)  # _record, before the health check
+    if me == faulty:
+        store.faults(n)  # _record before the health check: only a rank that raised (was it the root cause?)
     rendezvous.join(store, n + 1, me, previous, ShiftRanks(), len(previous), wait)
     store.faults(n)  # _record again, once the dead are known
     return time.monotonic()
@@ -128,7 +135,7 @@ def measure_restart(ranks: Ranks, timeout: float) -> dict:
     return {"restart_s": max(ends) - t0[0], "store_ops_per_restart": ranks.ops(), "rendezvous0_s": rendezvous0_s}
 
 
-# -- heartbeats: every rank and its monitor process beat; the store host judges ------------------
+# -- heartbeats: every rank's monitor process beats (its monitor thread only if those stop); the store host judges
 def measure_heartbeats(ranks: Ranks, interval: float, rounds: int = 3) -> dict:
     """``rounds`` heartbeat intervals' worth of operations; returns ops per second at ``interval``."""
     judge = Judge(ranks.n, 0.0, 1e9, ShiftRanks())
@@ -140,7 +147,6 @@ def measure_heartbeats(ranks: Ranks, interval: float, rounds: int = 3) -> dict:
     judge_s = []
     for _ in range(rounds):
         for r in range(ranks.n):
-            ranks.stores[r].beat(r)  # the monitor thread
             ranks.stores[r].beat(r)  # the monitor process, from its own interpreter
         t = time.monotonic()
         judge.tick(host)

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 from nvrx_lab.net import free_port, wait_for
 
@@ -32,14 +33,17 @@ def worker(port: int, first: int, count: int, n: int, timeout: float) -> None:
 
     from ._scale_model import WAIT_S, Ranks, restart_rank
 
+    t = time.monotonic()
     ranks, control = Ranks(count, port), connect("127.0.0.1", port, WAIT_S)
     identity = {r: r for r in range(n)}
+    print(f"connected {count} clients in {time.monotonic() - t:.1f} s", flush=True)
 
     def join0(i: int) -> None:
         store = ranks.stores[i]
         rendezvous.join(store, 0, first + i, identity, ShiftRanks(), n, lambda key: store.wait(key, WAIT_S))
 
     ranks.run(join0, timeout)
+    print(f"{READY} after {time.monotonic() - t:.1f} s", flush=True)
     ranks.reset()
     go, t0, box = threading.Barrier(count + 1), [], {}
     runner = threading.Thread(target=lambda: box.update(ends=ranks.run(
@@ -72,7 +76,12 @@ def measure_restart_procs(n: int, procs: int, timeout: float) -> dict:
                 raise RuntimeError(f"a scale worker failed:\n{_tail(workers, logs)}")
             return int(control.add(READY, 0)) == procs
 
-        wait_for(ready, timeout, f"{procs} scale workers through the first rendezvous", interval=0.05)
+        try:
+            wait_for(ready, timeout, f"{procs} scale workers through the first rendezvous", interval=0.05)
+        except TimeoutError as e:
+            late = [(i, w, log) for i, (w, log) in enumerate(zip(workers, logs, strict=True)) if READY not in _read(log)]
+            raise TimeoutError(f"{e}: {len(late)} not through; " + "; ".join(
+                f"worker {i}: {_read(log)[-300:]!r}" for i, w, log in late[:3])) from None
         control.set(GO, "1")
         for w in workers:
             w.wait(timeout)

@@ -87,7 +87,7 @@ class RestartLoop:
             self.watch = KeyWatch(RestartStore(connect(self.host, self.port, cfg.barrier_timeout)))
             self._new_pg_client()
             self.monitor = MonitorThread(monitor_store, self.me, self.interrupter, self.abort, cfg.soft_timeout,
-                                         cfg.heartbeat_interval, cfg.monitor_interval)
+                                         cfg.heartbeat_interval, cfg.monitor_interval, page=self.progress)
             self.monitor.start()
             self.watch.start()
             self.progress.write(armed=True)
@@ -114,7 +114,8 @@ class RestartLoop:
             self._teardown()
             self.progress.write()  # each of the restart's phases gets the whole hard timeout
             abort_s = time.monotonic() - t0
-            record = self._record(iteration, t_stop)
+            # only a rank that raised reads the fault reports now (was it the root cause?); all read them after the rendezvous
+            record = self._record(iteration, t_stop) if own_exc is not None else RestartRecord(iteration, "", -1, "", None)
             record.abort_s = abort_s
             t0 = time.monotonic()
             own = own_exc if (record.fault_rank == me and record.cause == "exception") else None
@@ -254,8 +255,7 @@ class RestartLoop:
         """(Re)build the attempt's restart record from every fault report in the store."""
         faults = self.store.faults(iteration)
         root = root_cause(faults)
-        if record is None:
-            record = RestartRecord(iteration, "", -1, "", None)
+        record = record or RestartRecord(iteration, "", -1, "", None)
         record.cause, record.fault_rank, record.detail, record.t_fault = (root["cause"], root["rank"],
                                                                           root["detail"], root["t"])
         record.detect_s = max(0.0, t_stop - root["t"]) if root["t"] else 0.0

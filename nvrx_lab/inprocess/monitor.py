@@ -3,8 +3,9 @@
 
 Every ``interval`` seconds it
 
-* beats this rank's heartbeat counter (``hb/<rank>``) every ``heartbeat_interval`` (so does the
-  rank's monitor process, from its own interpreter, so a rank looks dead only when both stop). It
+* stands in for the rank's monitor process as its heartbeat (``hb/<rank>``), every
+  ``heartbeat_interval``, once the process's beats (noted in the shared page) are two intervals
+  late: a rank looks dead only when both stop, and the store gets one beat a rank, not two. It
   reads no other rank's counter: heartbeats are judged once, by the store host (see
   :mod:`.monitor_process`), not N times over by every rank;
 * while an attempt is armed: looks at the attempt's end (a local flag, set by a
@@ -22,6 +23,7 @@ import threading
 import time
 
 from .interrupt import MainThreadInterrupter
+from .monitor_process import Progress
 from .state import State
 from .store import RestartStore
 from .watch import Watched
@@ -29,11 +31,15 @@ from .watch import Watched
 
 class MonitorThread(threading.Thread):
     def __init__(self, store: RestartStore, rank: int, interrupter: MainThreadInterrupter, abort,
-                 soft_timeout: float, heartbeat_interval: float, interval: float = 0.01, resend: float = 0.2):
+                 soft_timeout: float, heartbeat_interval: float, interval: float = 0.01, resend: float = 0.2,
+                 page: Progress | None = None):
         super().__init__(name=f"nvrx-inprocess-monitor-{rank}", daemon=True)
         self.store, self.rank, self.interrupter, self.abort = store, rank, interrupter, abort
         self.soft_timeout, self.interval, self.resend = soft_timeout, interval, resend
         self.heartbeat_interval = heartbeat_interval
+        self.page = page
+        """The page shared with the monitor process: this thread beats while the process's last beat there is two
+        intervals old (always, without one)."""
         self.atomic_lock = threading.RLock()
         """Held by the main thread inside ``atomic()``; the monitor interrupts only between sections."""
         self.atomic_depth = 0
@@ -81,7 +87,8 @@ class MonitorThread(threading.Thread):
                 now = time.monotonic()
                 if now >= next_beat:
                     next_beat = now + self.heartbeat_interval
-                    self.store.beat(self.rank)
+                    if self.page is None or now - self.page.last_beat > 2 * self.heartbeat_interval:
+                        self.store.beat(self.rank)
                 with self._lock:
                     state, end = self._state, self._end
                 if state is None:

@@ -21,9 +21,11 @@ A death notice may be what a rendezvous still waits for (the dead cannot arrive)
 one also tries to decide the open rendezvous (:func:`.rendezvous.help_decide`), with the rank
 assignment policy the process inherited from the rank.
 
-* **heartbeat** — adds to ``hb/<rank>`` every ``heartbeat_interval`` while the rank lives (so does
-  the rank's monitor thread): a rank that holds its GIL for a while (a long native call, a
-  TCPStore connect stuck in DNS) is not mistaken for dead; frozen ranks are the hard timeout's job.
+* **heartbeat** — adds to ``hb/<rank>`` every ``heartbeat_interval`` while the rank lives, and notes
+  the time in the shared page (the rank's monitor thread beats only when these notes stop, so a
+  rank looks dead only when both have stopped, and the store gets one beat a rank): a rank that
+  holds its GIL for a while (a long native call, a TCPStore connect stuck in DNS) is not mistaken
+  for dead; frozen ranks are the hard timeout's job.
   If the rank *and* its monitor process die together (a lost node), the beats stop and peers
   notice after ``heartbeat_timeout``.
 """
@@ -41,7 +43,7 @@ from nvrx_lab.net import wait_for
 from .rank_assignment import ShiftRanks
 
 _FIELDS = {"progress": (0, "<d"), "iteration": (8, "<q"), "armed": (16, "<q"), "finished": (24, "<q"),
-           "store_up": (32, "<q")}
+           "store_up": (32, "<q"), "beat": (40, "<d")}
 """Offset and format of each field of the shared page, one aligned 8-byte word each."""
 
 
@@ -81,6 +83,11 @@ class Progress:
     def read(self) -> tuple[float, int, bool, bool]:
         finished, armed, iteration = (self._get(n) for n in ("finished", "armed", "iteration"))
         return self._get("progress"), iteration, bool(armed), bool(finished)
+
+    @property
+    def last_beat(self) -> float:
+        """Monotonic time of the monitor process's last heartbeat (0.0 before the first)."""
+        return self._get("beat")
 
     @property
     def store_up(self) -> bool:
@@ -183,6 +190,7 @@ def _run(rank, world_size, store_host, store_port, host_store, hard_timeout, int
         last, iteration, armed, finished = progress.read()
         if time.monotonic() >= next_beat and os.getppid() == parent_pid:
             client.beat(rank)
+            progress._put("beat", time.monotonic())  # the rank's monitor thread beats only if these stop
             next_beat = time.monotonic() + heartbeat_interval
         if judge is not None:
             judge.tick(client)
