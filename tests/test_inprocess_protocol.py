@@ -66,6 +66,9 @@ def test_a_decision_reads_as_the_assignment_it_encodes():
     assert sorted(decision) == [0, 2, 3, 5] and decision.get(4, "absent") == "absent"
     assert len(encode_decision({r: r for r in range(4096)})) == 4 * 4096  # 16 KB at 4,096 ranks
     assert Decision(encode_decision({})) == {}  # every member dead: an empty attempt
+    first = {0: 0, 1: 1, 2: 2, 3: None}  # the policies see the previous decision as the loop hands it to them
+    for policy in (ShiftRanks(spares=1), FillGaps(spares=1)):
+        assert policy([0, 2, 3], Decision(encode_decision(first)), 4) == policy([0, 2, 3], first, 4)
 
 
 @pytest.mark.timeout(60)
