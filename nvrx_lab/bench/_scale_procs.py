@@ -79,9 +79,9 @@ def measure_restart_procs(n: int, procs: int, timeout: float) -> dict:
         try:
             wait_for(ready, timeout, f"{procs} scale workers through the first rendezvous", interval=0.05)
         except TimeoutError as e:
-            late = [(i, w, log) for i, (w, log) in enumerate(zip(workers, logs, strict=True)) if READY not in _read(log)]
+            late = [(i, _read(log)) for i, log in enumerate(logs) if READY not in _read(log)]
             raise TimeoutError(f"{e}: {len(late)} not through; " + "; ".join(
-                f"worker {i}: {_read(log)[-300:]!r}" for i, w, log in late[:3])) from None
+                f"worker {i}: {out[-300:]!r}" for i, out in late[:3])) from None
         control.set(GO, "1")
         for w in workers:
             w.wait(timeout)

@@ -114,8 +114,9 @@ class RestartLoop:
             self._teardown()
             self.progress.write()  # each of the restart's phases gets the whole hard timeout
             abort_s = time.monotonic() - t0
-            # only a rank that raised reads the fault reports now (was it the root cause?); all read them after the rendezvous
-            record = self._record(iteration, t_stop) if own_exc is not None else RestartRecord(iteration, "", -1, "", None)
+            record = RestartRecord(iteration, "", -1, "", None)
+            if own_exc is not None:  # only a rank that raised reads the fault reports now (was it the root cause?)
+                self._record(iteration, t_stop, record)  # ... every rank reads them after the rendezvous
             record.abort_s = abort_s
             t0 = time.monotonic()
             own = own_exc if (record.fault_rank == me and record.cause == "exception") else None
@@ -251,11 +252,10 @@ class RestartLoop:
         except rendezvous.ExcludedError as e:
             raise RestartLimitError(str(e), self.history) from None
 
-    def _record(self, iteration: int, t_stop: float, record: RestartRecord | None = None) -> RestartRecord:
-        """(Re)build the attempt's restart record from every fault report in the store."""
+    def _record(self, iteration: int, t_stop: float, record: RestartRecord) -> RestartRecord:
+        """Fill the attempt's restart record from every fault report in the store."""
         faults = self.store.faults(iteration)
         root = root_cause(faults)
-        record = record or RestartRecord(iteration, "", -1, "", None)
         record.cause, record.fault_rank, record.detail, record.t_fault = (root["cause"], root["rank"],
                                                                           root["detail"], root["t"])
         record.detect_s = max(0.0, t_stop - root["t"]) if root["t"] else 0.0

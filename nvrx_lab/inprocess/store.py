@@ -133,13 +133,9 @@ class RestartStore:
 
     def get_or_empty(self, key: str) -> bytes:
         """The value of ``key``, or ``b""`` if it was never set: one operation (``compare_set``
-        sets a missing key to ``""``, and leaves an existing one as it is)."""
+        sets a missing key to ``""``, and leaves an existing one as it is). Also the read of a key known
+        to exist: ``TCPStore.get`` is two requests, a ``wait`` for the key and then the read."""
         return self.client.compare_set(key, "", "")
-
-    def read(self, key: str) -> bytes:
-        """The value of ``key``, which must exist (a ``wait`` on it returned): one round trip, as
-        :meth:`get_or_empty`. ``TCPStore.get`` is two, a ``wait`` for the key and then the read."""
-        return self.get_or_empty(key)
 
     def wait(self, key: str, timeout: float) -> None:
         """Block until ``key`` exists (one operation; the server answers when it is set)."""
@@ -199,7 +195,7 @@ class RestartStore:
     def end(self, iteration: int) -> str:
         """How attempt ``iteration`` ended (``fault``/``done``); call once :meth:`end_key` exists
         (a key is never created empty here: a ``wait`` on it would wake too early)."""
-        return self.read(self.end_key(iteration)).decode()
+        return self.get_or_empty(self.end_key(iteration)).decode()
 
     def mark_done(self, iteration: int, rank: int, active: int) -> None:
         """``rank`` returned; the last of the ``active`` ranks ends the attempt as ``done``."""
@@ -233,7 +229,7 @@ class RestartStore:
         key = self.members_key(iteration)
         if not (known_to_exist or self.client.check([key])):
             return None
-        return Decision(self.read(key))
+        return Decision(self.get_or_empty(key))  # it exists: this does not create it
 
     def latest_decided(self) -> int:
         """The newest decided rendezvous, -1 before the first."""
