@@ -65,6 +65,8 @@ class TrainConfig(ModelConfig):
     """Async: the writer's I/O class: best-effort:0 .. best-effort:7 (lowest), idle, or none (inherit)."""
     ckpt_writer_cpus: str = ""
     """Async: cores the writer processes run on, e.g. 90,91 (empty = the trainer's)."""
+    ckpt_writer_policy: str = "batch"
+    """Async: the writer's scheduling policy: batch (its wake-ups never preempt a rank), normal, or idle."""
     local_ckpt_interval: int = 0
     """Local checkpoints every N steps (0 = off): each rank's state in node memory, replicated to the same local
     rank of the next node, restored from the nearest copy after a fault (nvrx_lab.checkpoint.local). Needs

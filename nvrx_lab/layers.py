@@ -128,7 +128,7 @@ def writer_priority(cfg: TrainConfig):
         raise ValueError(f"--ckpt-writer-cpus must be comma-separated core numbers such as 90,91; got "
                          f"{cfg.ckpt_writer_cpus!r}") from None
     try:
-        return WriterPriority(cfg.ckpt_writer_nice, cfg.ckpt_writer_ionice, cpus)
+        return WriterPriority(cfg.ckpt_writer_nice, cfg.ckpt_writer_ionice, cpus, cfg.ckpt_writer_policy)
     except ValueError as e:
         raise ValueError(f"--ckpt-{e}") from None
 

@@ -317,15 +317,18 @@ def test_throttle_banks_no_more_than_one_chunk_of_unused_bandwidth(monkeypatch):
 def test_the_writer_yields_to_training_with_lower_cpu_and_io_priority(tmp_path):
     me = psutil.Process()
     with AsyncCheckpointer(tmp_path / "low", writer_priority=WriterPriority(nice=10, ionice="best-effort:7")) as low, \
-            AsyncCheckpointer(tmp_path / "same", writer_priority=WriterPriority(nice=0, ionice="none")) as same:
+            AsyncCheckpointer(tmp_path / "same", writer_priority=WriterPriority(nice=0, ionice="none",
+                                                                              policy="normal")) as same:
         low_writer, same_writer = psutil.Process(low.start().writer_pid), psutil.Process(same.start().writer_pid)
         assert low_writer.nice() == me.nice() + 10 and same_writer.nice() == me.nice()
+        assert os.sched_getscheduler(low_writer.pid) == os.SCHED_BATCH, "the default: its wake-ups never preempt"
+        assert os.sched_getscheduler(same_writer.pid) == os.sched_getscheduler(0)
         try:
             me.ionice()
         except (OSError, psutil.Error):
             pytest.skip("no ioprio_get here: the CPU priority above is what this box can show")
         assert tuple(low_writer.ionice()) == (psutil.IOPRIO_CLASS_BE, 7)
         assert tuple(same_writer.ionice()) == tuple(me.ionice())
-    for bad, field in ((20, "nice"), (-1, "nice"), ("rt", "ionice"), ((-2,), "cpus")):
+    for bad, field in ((20, "nice"), (-1, "nice"), ("rt", "ionice"), ((-2,), "cpus"), ("fifo", "policy")):
         with pytest.raises(ValueError, match=f"writer-{field} must be"):
             WriterPriority(**{field: bad})

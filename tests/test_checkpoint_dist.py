@@ -48,3 +48,9 @@ def test_two_ranks_to_one_plain_process(saved_by_two_ranks):
     for k, v in ref["model"].items():
         assert torch.equal(model.state_dict()[k], v), k
     assert state["meta"] == {"step": 2, "name": "fsdp"}
+
+
+@pytest.mark.timeout(150)
+def test_a_plan_is_reused_until_one_ranks_state_changes_its_structure(tmp_path):
+    out = torchrun(2, "plans", str(tmp_path))
+    assert out.count("PLANS_OK") == 2, out[-4000:]

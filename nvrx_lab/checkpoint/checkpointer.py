@@ -33,10 +33,10 @@ import torch.distributed as dist
 from . import commit as cm
 from . import loading
 from .completion import LocalBoard, error_entry, group_board, outcome_entry
-from .config import CheckpointerConfig
+from .config import CheckpointerConfig, check_step
 from .errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError, CheckpointWriterDied
 from .loading import Restored
-from .planning import all_gather, broadcast, local_tensors, plan_save
+from .planning import PlanCache, all_gather, broadcast, local_tensors, plan_save
 from .shards import write_live
 from .staging import StagingBuffer, plan_slots
 from .throttle import check_bandwidth
@@ -63,6 +63,7 @@ class AsyncCheckpointer:
         if dist.is_available() and dist.is_initialized():
             self._bind(process_group)
         self._buffer = StagingBuffer(tag=f"r{self.rank}")
+        self._plans = PlanCache()  # the last plan, reused while the state keeps its structure
         self._writer = WriterProcess(self.rank, self.config.writer_priority) if self.config.start_writer else None
         self._pending: list[dict] = []  # rank 0: saves waiting to be committed, oldest first
         self._errors: list[CheckpointError] = []
@@ -91,7 +92,7 @@ class AsyncCheckpointer:
 
     def async_save(self, state_dict: dict, step: int) -> None:
         """Stage ``state_dict`` and hand it to the writer; returns once training may mutate the state."""
-        self._check_step(step)
+        check_step(step)
         t0 = time.monotonic()
         if self._in_flight and (unsent := self._writer.take_unsent()) is not None:
             self._supersede(unsent, step)  # the writer is still starting (after a restart too): never wait for it
@@ -103,7 +104,7 @@ class AsyncCheckpointer:
             self._commit_ready(blocking=False)
         if self._writer is None or not self._writer.alive():
             self._new_writer()
-        planned = plan_save(state_dict, self.rank, self.world, self.group, partial(cm.make_tmp, self.root, step))
+        planned = self._plan(state_dict, step)
         slots = self._buffer.stage(planned.tensors)
         tmp, board, sid, rank = cm.tmp_dir(self.root, step, planned.save_id), self._board, planned.save_id, self.rank
         self._writer.submit({"step": step, "tmp": str(tmp), "rank": rank, "plan": planned.plan, "save_id": sid,
@@ -127,13 +128,13 @@ class AsyncCheckpointer:
 
     def save(self, state_dict: dict, step: int) -> None:
         """Synchronous baseline: same plan, files and commit, written from the live tensors; returns once durable."""
-        self._check_step(step)
+        check_step(step)
         t0 = time.monotonic()
         try:  # an earlier async save's error was logged and emitted; not raised here, so that every
             self.finalize_async_save(blocking=True)  # rank reaches the collective planning below
         except CheckpointError:
             pass
-        planned = plan_save(state_dict, self.rank, self.world, self.group, partial(cm.make_tmp, self.root, step))
+        planned = self._plan(state_dict, step)
         tmp = cm.tmp_dir(self.root, step, planned.save_id)
         kind, info = write_live(tmp, self.rank, planned, self.config.write_bandwidth, step)
         self._board.post(planned.save_id, self.rank, outcome_entry(kind, info))
@@ -233,6 +234,10 @@ class AsyncCheckpointer:
                 raise
 
     # -------------------------------------------------------------- internals
+    def _plan(self, state_dict: dict, step: int):
+        return plan_save(state_dict, self.rank, self.world, self.group, partial(cm.make_tmp, self.root, step),
+                         cache=self._plans, unprepare=partial(cm.unmake_tmp, self.root, step))
+
     def _bind(self, process_group) -> None:
         """Coordinate over ``process_group`` (default: the world if it is gloo, else a new gloo group)."""
         self.group = process_group
@@ -240,10 +245,6 @@ class AsyncCheckpointer:
             self.group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
         self.rank, self.world = dist.get_rank(self.group), dist.get_world_size(self.group)
         self._board = group_board(self.group)
-    @staticmethod
-    def _check_step(step) -> None:
-        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-            raise ValueError(f"step must be an int >= 0, got {step!r}")
 
     def _new_writer(self) -> None:
         if self._writer is not None:

@@ -88,6 +88,14 @@ def make_tmp(root: Path, step: int, save_id: str) -> None:
         pass
 
 
+def unmake_tmp(root: Path, step: int, save_id: str) -> None:
+    """Coordinator: remove a folder :func:`make_tmp` created for a save that was planned anew."""
+    try:
+        tmp_dir(root, step, save_id).rmdir()
+    except OSError:
+        pass
+
+
 def foreign_entries(root: Path) -> list[str]:
     """Names in ``root`` that no checkpointer wrote: not a committed step, a save in flight or trash."""
     ours = lambda name: STEP_RE.match(name) or TMP_RE.match(name) or name.startswith(TRASH_PREFIX)  # noqa: E731

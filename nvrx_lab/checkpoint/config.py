@@ -25,3 +25,8 @@ class CheckpointerConfig:
     """Spawn the writer at construction (hides its ~2 s start-up); False: at the first ``async_save``."""
     writer_priority: WriterPriority = field(default_factory=WriterPriority)
     """How the writer yields to training: nice, I/O class, cores (:mod:`.priority`)."""
+
+
+def check_step(step) -> None:
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise ValueError(f"step must be an int >= 0, got {step!r}")

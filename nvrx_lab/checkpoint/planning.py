@@ -16,11 +16,19 @@ the global metadata, and every rank ends up with its final local plan and the *s
 The bytes are written later, in the writer process, from the staged copy (:mod:`.writer`), and the
 finish phase becomes the commit of :mod:`.commit`, fed by the completion board of :mod:`.completion`
 — no collective after ``async_save``.
+
+**A plan is made once and reused** while the state keeps its structure (:class:`PlanCache`): every rank
+still builds its local plan (a walk over its state, no data), compares it with the one it saved last, and
+one all-reduce of a flag says whether every rank's is unchanged. Then the coordinator's global plan and
+metadata are reused, and no plan travels: one small collective per save instead of a gather of N plans to
+the coordinator and a scatter back (DCP's ``enable_plan_caching`` still gathers them). The reused save's id
+is derived from the planned one, so every rank names the same folder without a message.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,6 +63,21 @@ class PlannedSave:
         return sum(t.numel() * t.element_size() for t in self.tensors) + sum(map(len, self.byte_items.values()))
 
 
+@dataclass
+class PlanCache:
+    """One rank's last full plan (:func:`plan_save` with ``cache=``), and how often it was reused."""
+
+    local: SavePlan | None = None
+    central: SavePlan | None = None
+    metadata: Metadata | None = None
+    save_id: str = ""
+    reuses: int = 0
+
+    def reuse_id(self) -> str:
+        """The next reused save's id: the same on every rank, different for every save."""
+        return hashlib.sha1(f"{self.save_id}:{self.reuses + 1}".encode()).hexdigest()[:12]
+
+
 def global_plan(planner: DefaultSavePlanner, local_plans: list[SavePlan]) -> tuple[list[SavePlan], Metadata, str]:
     """Coordinator: DCP's global plan of every rank's local plan, one file prefix a rank, a fresh save id."""
     plans, metadata = planner.create_global_plan(local_plans)
@@ -79,18 +102,43 @@ def _gather_scatter(local: SavePlan, planner: DefaultSavePlanner, group, rank: i
 
 
 def plan_save(state_dict: dict, rank: int = 0, world: int = 1, group=None,
-              prepare: Callable[[str], object] = lambda save_id: None) -> PlannedSave:
+              prepare: Callable[[str], object] = lambda save_id: None, cache: PlanCache | None = None,
+              unprepare: Callable[[str], object] = lambda save_id: None) -> PlannedSave:
     """Plan one save of ``state_dict`` (collective over ``group`` when ``world > 1``). Rank 0 calls
-    ``prepare(save_id)`` before any other rank learns the plan (it creates the save's folder)."""
+    ``prepare(save_id)`` before any other rank learns the plan (it creates the save's folder).
+    ``cache``: reuse the last plan while every rank's local plan is unchanged (module docs); rank 0
+    prepares the reused id's folder before the vote and calls ``unprepare`` on it if the vote fails."""
     planner = DefaultSavePlanner()
     planner.set_up_planner(state_dict=state_dict, storage_meta=None, is_coordinator=rank == 0)
     local = planner.create_local_plan()
+    if cache is not None:  # every rank votes, even one with nothing cached: the same collectives everywhere
+        same, save_id = cache.local is not None and cache.local == local, cache.reuse_id()
+        if rank == 0 and same:
+            prepare(save_id)
+        if _everyone(same, group, world):
+            cache.reuses += 1
+            metadata = dataclasses.replace(cache.metadata) if cache.metadata is not None else None
+            return _planned(planner, cache.central, metadata, save_id)  # a copy: the commit fills it in
+        if rank == 0 and same:
+            unprepare(save_id)
     if world > 1:
         central, metadata, save_id = _gather_scatter(local, planner, group, rank, world, prepare)
     else:
         (central,), metadata, save_id = global_plan(planner, [local])
         prepare(save_id)
+    if cache is not None:
+        cache.local, cache.central, cache.metadata, cache.save_id, cache.reuses = local, central, metadata, save_id, 0
+        metadata = dataclasses.replace(metadata) if metadata is not None else None
     return _planned(planner, central, metadata, save_id)
+
+
+def _everyone(flag: bool, group, world: int) -> bool:
+    """Whether ``flag`` holds on every rank: one all-reduce of one int."""
+    if world == 1:
+        return flag
+    vote = torch.tensor([0 if flag else 1], dtype=torch.int32)
+    dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=group)
+    return not vote.item()
 
 
 def plan_ranks(state_dicts: list[dict]) -> list[PlannedSave]:

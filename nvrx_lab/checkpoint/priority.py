@@ -8,6 +8,11 @@ only has to finish before the next save); the ranks do not. So it can start at a
 box its gain was within the noise (``bench efficiency``'s ``async-writer-yields`` row); on p5 the host has
 192 vCPUs for 8 GPUs, and a few for the writers cost training nothing.
 
+One setting is on by default: the writer runs under ``SCHED_BATCH`` (``policy="batch"``). It gets the same
+share of the CPU as before, but waking it never preempts the task that woke it. At the same ``nice``, the
+trainer's ``async_save`` sends the request and the kernel switches to the freshly woken writer on the
+trainer's own core: 2.5 ms of the save's blocking time here (0.4 ms under ``SCHED_BATCH``).
+
 ``ionice`` acts only under an I/O scheduler that honours priorities (BFQ, CFQ); with ``none`` or
 ``mq-deadline`` on NVMe, and on Lustre, where the bottleneck is the network, it changes nothing.
 """
@@ -17,6 +22,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+POLICIES = {"normal": os.SCHED_OTHER, "batch": os.SCHED_BATCH, "idle": os.SCHED_IDLE}
 IONICE_CLASSES = ("none", "idle", "best-effort:0", "best-effort:1", "best-effort:2", "best-effort:3", "best-effort:4",
                   "best-effort:5", "best-effort:6", "best-effort:7")
 
@@ -32,6 +38,9 @@ class WriterPriority:
     reads or writes: a busy data loader can starve it), or ``none`` (inherit)."""
     cpus: tuple[int, ...] = ()
     """Cores the writer runs on (empty = the trainer's)."""
+    policy: str = "batch"
+    """Linux scheduling policy: ``batch`` (the same CPU share, but its wake-ups never preempt a rank),
+    ``normal`` (the trainer's), or ``idle`` (only what no one else wants: a busy node can starve it)."""
 
     def __post_init__(self):
         if isinstance(self.nice, bool) or not isinstance(self.nice, int) or not 0 <= self.nice <= 19:
@@ -42,12 +51,19 @@ class WriterPriority:
         if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in cpus):
             raise ValueError(f"writer-cpus must be core numbers >= 0, got {self.cpus!r}")
         object.__setattr__(self, "cpus", cpus)
+        if self.policy not in POLICIES:
+            raise ValueError(f"writer-policy must be one of {', '.join(POLICIES)}; got {self.policy!r}")
 
     def apply(self) -> list[str]:
         """Lower this process's priority; returns what could not be applied (and why), never raises."""
         import psutil
 
         skipped = []
+        if self.policy != "normal":
+            try:
+                os.sched_setscheduler(0, POLICIES[self.policy], os.sched_param(0))
+            except OSError as e:
+                skipped.append(f"policy {self.policy}: {e}")
         if self.nice:
             os.nice(self.nice)
         if self.ionice != "none":
@@ -68,4 +84,4 @@ class WriterPriority:
 
     def as_args(self) -> str:
         """Python source of the keyword arguments that rebuild it in the writer's command line."""
-        return f"nice={self.nice!r}, ionice={self.ionice!r}, cpus={self.cpus!r}"
+        return f"nice={self.nice!r}, ionice={self.ionice!r}, cpus={self.cpus!r}, policy={self.policy!r}"

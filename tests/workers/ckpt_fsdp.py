@@ -8,6 +8,8 @@ trains a third step in place *before* finalizing, commits on rank 0 while the ot
 barrier (their writers' outcomes reach the store without them), and checks every rank agrees on
 ``latest_step``.
 ``load`` builds differently initialised FSDP2 modules on N ranks, loads, and compares with ref.pt.
+``plans`` plans saves with a :class:`PlanCache`: reused while no rank's state changes its structure,
+planned anew on every rank when one rank's does (the folder made for the reuse that was voted down is gone).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.fsdp import fully_shard
 
 from nvrx_lab.checkpoint import AsyncCheckpointer
+from nvrx_lab.checkpoint import commit as cm
+from nvrx_lab.checkpoint.planning import PlanCache, all_gather, plan_save
 
 
 def build(seed: int):
@@ -45,11 +49,46 @@ def full(t):
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
+def plans(rank: int, world: int, pg, out: Path) -> None:
+    w = f"w{rank}"  # a plain tensor of the same name on every rank would be saved by one rank only (dedup)
+    cache, state, ids = PlanCache(), {w: torch.full((4,), float(rank)), "meta": {"step": 0}}, []
+
+    def plan(step: int):
+        state["meta"]["step"] = step
+        planned = plan_save(state, rank, world, pg, lambda sid: cm.make_tmp(out, step, sid), cache=cache,
+                            unprepare=lambda sid: cm.unmake_tmp(out, step, sid))
+        assert len(set(all_gather(planned.save_id, pg, world))) == 1, "every rank names the same folder"
+        ids.append(planned.save_id)
+        return planned
+
+    plan(1)
+    assert cache.reuses == 0
+    second = plan(2)
+    assert cache.reuses == 1 and ids[1] != ids[0], (cache.reuses, ids)
+    assert [i.index.fqn for i in second.tensor_items] == [w]
+    assert second.tensors[0].data_ptr() == state[w].data_ptr(), "the reused plan stages the live tensor"
+    voted_down = cache.reuse_id()
+    if rank == 1:
+        state["extra"] = torch.ones(3)  # one rank's structure changes: every rank plans anew
+    third = plan(3)
+    assert cache.reuses == 0, "rank 0's state did not change, but rank 1's did"
+    if rank == 0:
+        assert "extra" in third.metadata.state_dict_metadata
+        assert not cm.tmp_dir(out, 3, voted_down).exists(), "the folder made before the vote was removed"
+        assert sorted(p.name for p in out.iterdir()) == sorted(cm.tmp_dir(out, s, i).name for s, i in
+                                                               zip((1, 2, 3), ids, strict=True))
+    plan(4)
+    assert cache.reuses == 1
+    print(f"PLANS_OK rank={rank}", flush=True)
+
+
 def main(mode: str, out: Path) -> None:
     dist.init_process_group("gloo", timeout=__import__("datetime").timedelta(seconds=60))
     rank = dist.get_rank()
     pg = dist.new_group(backend="gloo")
-    if mode == "save":
+    if mode == "plans":
+        plans(rank, dist.get_world_size(), pg, out)
+    elif mode == "save":
         model, opt = build(0)
         for step in range(2):
             train_step(model, opt, step)
