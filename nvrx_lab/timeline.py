@@ -9,6 +9,7 @@ saw a rank fail / every rank beating again). Only the name of the attempt field 
 (:mod:`nvrx_lab.launcher.demo_worker`, from ``TORCHELASTIC_RESTART_COUNT``).
 
 * :func:`recovery_times` — fault → every rank training again, per fault (the recovery benchmark's figure);
+* :func:`step_periods` — one rank's step to its next in the same attempt: what a step costs without a restart;
 * :func:`plot_restarts` — one row per rank: steps coloured by attempt, faults, restart phases,
   launcher detection (notebooks 02 and 03).
 
@@ -50,6 +51,19 @@ def recovery_times(events: list[dict] | str | Path, attempt: str = "attempt") ->
         if first:
             out.append(max(first.values()) - f["t"])
     return out, len(faults)
+
+
+def step_periods(events: list[dict] | str | Path, attempt: str = "attempt") -> list[float]:
+    """Seconds from each rank's step to its next step of the same attempt: steps with no restart between
+    them, so at each world size the step a recovery ends with can be set against one that follows no fault."""
+    last: dict[tuple, tuple[int, float]] = {}
+    out = []
+    for s in sorted((e for e in _events(events) if e["kind"] == "step"), key=lambda e: e["t"]):
+        key = (s["rank"], s[attempt])
+        if key in last and s["step"] == last[key][0] + 1:
+            out.append(s["t"] - last[key][1])
+        last[key] = (s["step"], s["t"])
+    return out
 
 
 def _draw_restart_phases(ax, restarts: list[dict], t0: float) -> None:

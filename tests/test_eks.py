@@ -109,7 +109,7 @@ def test_validate_reports_every_violation_with_its_path():
     (dict(shm_gib=5000), "shm_gib", "0 (auto) or 1.."),
     (dict(fsx_volume_handle="fs-0123456789abcdef0"), "fsx_dns_name", "required"),
     (dict(image=""), "image", "non-empty"),
-    (dict(local_ckpt_interval=1), "local_ckpt_gib", "3 x each GPU's shard"),
+    (dict(local_ckpt_interval=1), "local_ckpt_gib", "4 x each GPU's shard"),
     (dict(local_ckpt_interval=1, local_ckpt_gib=8, ckpt="none"), "local_ckpt_interval", "fallback"),
     (dict(local_ckpt_interval=1, local_ckpt_gib=5000), "local_ckpt_gib", "up to half"),
 ])

@@ -327,6 +327,14 @@ def test_a_job_killed_whole_leaves_nothing_in_memory_after_the_grace(port, tmp_p
     assert wait_for(lambda: not left_in_memory(tmp_path), 15), f"...until the grace is over: {left_in_memory(tmp_path)}"
 
 
+@pytest.mark.timeout(120)
+def test_replication_follows_a_snapshot_that_grows_and_shrinks(torchrun, tmp_path):
+    # the first round, a length that grows (the receive posted for the old one is filled), one that shrinks;
+    # then a lost node restores the newest step from its peer's replica
+    res = torchrun(2, str(Path(__file__).parent / "workers" / "local_resize.py"), str(tmp_path), timeout=100)
+    assert res.returncode == 0 and all((tmp_path / f"ok.{r}").exists() for r in (0, 1)), res.stdout[-3000:]
+
+
 @pytest.mark.timeout(150)
 def test_a_replica_restores_a_lost_node_unless_it_is_corrupt_or_another_runs(tmp_path):
     # three nodes of one rank: the holder of rank 0's replica (rank 1) is not the rank rank 0 replicates to

@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 
 from nvrx_lab.demo_state import equal, make_state, mutate, zeros_like
 from nvrx_lab.table import format_table, median, p95
-from nvrx_lab.timeline import plot_restarts, recovery_times
+from nvrx_lab.timeline import plot_restarts, recovery_times, step_periods
 
 
 def launcher_run():
@@ -33,6 +33,11 @@ def test_recovery_is_the_last_rank_back_and_unrecovered_faults_are_counted(tmp_p
     path = tmp_path / "ev.jsonl"
     path.write_text("".join(json.dumps({**e, "attempt": e.get("restart")}) + "\n" for e in launcher_run()))
     assert recovery_times(path) == ([pytest.approx(2.5)], 2)  # a file, the default attempt field
+
+
+def test_a_step_period_never_spans_a_restart():
+    # restart 0: three periods of 0.1 s a rank; restart 1: rank 1's 0.1 s; the 2.5 s across the fault is not one
+    assert step_periods(launcher_run(), attempt="restart") == [pytest.approx(0.1)] * 7
 
 
 def test_one_timeline_for_launcher_and_in_process_restarts(tmp_path):

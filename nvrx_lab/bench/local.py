@@ -10,7 +10,10 @@ Two tables, peers side by side in the same run:
 2. **step** — the trainer on 2 simulated nodes of one rank each (torchrun ``--nnodes 2``, gloo), without
    and with ``--local-ckpt-interval 1`` (each snapshot replicated to the other node), alternated run by
    run; the median step period of each (one step event to the next, so the snapshot's cost is in it; the
-   first steps left out) and their ratio.
+   first steps left out) and their ratio. ``--step-sleep S`` adds S seconds of idle time to every step, a
+   stand-in for GPU compute: on p5 the host's cores are mostly idle while the GPUs compute, and the snapshot's
+   background work (checksum, replication) runs there; without it, each rank's one core is busy all step and
+   every background cycle lengthens the step.
 """
 
 from __future__ import annotations
@@ -90,7 +93,7 @@ def two_nodes(worker) -> list:
         return list(pool.map(lambda head: run(head.argv(worker), timeout=300), heads))
 
 
-def step_rows(steps: int, runs: int, work: Path, skip: int = 5) -> list[dict]:
+def step_rows(steps: int, runs: int, work: Path, skip: int = 5, step_sleep: float = 0.0) -> list[dict]:
     """Median step time without and with a local checkpoint every step (2 nodes of 1 rank: each snapshot is
     replicated to the other node), alternated run by run."""
     times: dict[int, list[float]] = {0: [], 1: []}
@@ -99,13 +102,14 @@ def step_rows(steps: int, runs: int, work: Path, skip: int = 5) -> list[dict]:
             metrics = work / f"steps-{interval}-{i}.jsonl"
             flags = dict(steps=steps, metrics=metrics, ckpt="async", ckpt_interval=steps, ckpt_dir=work / f"ck-{interval}-{i}",
                          local_ckpt_interval=interval, local_ckpt_dir=work / "shm{node}", log_every=0,
-                         ckpt_wait_writer=True, threads=1)  # two "nodes" on one 2-core box: a core each, not two
+                         ckpt_wait_writer=True, threads=1,  # two "nodes" on one 2-core box: a core each, not two
+                         step_sleep=step_sleep or None)
             for res in two_nodes(trainer(**flags)):
                 if res.returncode != 0:
                     raise RuntimeError(f"trainer failed (local interval {interval}):\n{res.output[-3000:]}")
             times[interval] += step_periods(read_events(metrics), skip)
     base = statistics.median(times[0])
-    return [{"local_ckpt_interval": k, "steps_timed": len(v), "step_ms": 1e3 * statistics.median(v),
+    return [{"local_ckpt_interval": k, "step_sleep_s": step_sleep, "steps_timed": len(v), "step_ms": 1e3 * statistics.median(v),
              "vs_without": statistics.median(v) / base} for k, v in times.items()]
 
 
@@ -122,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=60, help="steps of each trainer run (step table)")
     p.add_argument("--runs", type=int, default=3, help="trainer runs per setting (step table)")
+    p.add_argument("--step-sleep", type=float, default=0.0,
+                   help="idle seconds in every step (step table): a stand-in for GPU compute, the host's cores free")
     p.add_argument("--quick", action="store_true", help="64 MiB, 3 rounds, 2 runs of 30 steps")
     p.add_argument("--out", default="build/bench/local.json")
     args = p.parse_args(argv)
@@ -132,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = restore_rows(args.mib, args.rounds, work)
         command = "python -m nvrx_lab.bench local " + shlex.join(argv if argv is not None else sys.argv[1:])
         result = report("local: restore", rows, args.out, command)
-        steps = step_rows(args.steps, args.runs, work)
+        steps = step_rows(args.steps, args.runs, work, step_sleep=args.step_sleep)
         print()
         report("local: step time", steps, Path(args.out).with_name("local_steps.json"), command)
     finally:

@@ -21,12 +21,14 @@ Hangs: the in-process wrapper interrupts after ``soft_timeout``; the other modes
 when the peer's gloo collective times out, set to the same value here (default 30 min!).
 Each fault is timed from the ``fault`` event (written just before it is injected) to the last
 first-step-of-the-next-attempt among the ranks that train again; ``recovered`` counts faults after
-which every such rank trained (:func:`nvrx_lab.timeline.recovery_times`). In-process rows add where the
-time went (``detect_s`` … ``rendezvous_s``: each restart's slowest rank, from its ``restart`` events), and every
-row counts the processes of its jobs still alive afterwards (``left_running``, then killed); a job that ran past
-its limit, or a wrapped rank killed outright, is an ``error`` with the output. Time limits grow with the world
-size (every rank imports torch on the same cores). The worker is
-:mod:`nvrx_lab.recovery_worker`, run as ``python -m nvrx_lab.bench.recovery worker ...``.
+which every such rank trained (:func:`nvrx_lab.timeline.recovery_times`). ``step_s`` is a step that
+follows no fault at the same world size (:func:`nvrx_lab.timeline.step_periods`), and ``x_step`` the recovery
+in such steps: every recovery ends with one step, and on a box with fewer cores than ranks a step grows with
+the world size. In-process rows add where the time went (``detect_s`` … ``rendezvous_s``: each restart's
+slowest rank, from its ``restart`` events), and every row counts the processes of its jobs still alive
+afterwards (``left_running``, then killed); a job that ran past its limit, or a wrapped rank killed outright,
+is an ``error`` with the output. Time limits grow with the world size (every rank imports torch on the same
+cores). The worker is :mod:`nvrx_lab.recovery_worker`, run as ``python -m nvrx_lab.bench.recovery worker ...``.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from nvrx_lab.events import read_events
 from nvrx_lab.recovery_worker import KINDS, worker
 from nvrx_lab.runner import Spawn, Torchrun, run
 from nvrx_lab.table import exit_status, median, p95, report
-from nvrx_lab.timeline import recovery_times
+from nvrx_lab.timeline import recovery_times, step_periods
 
 PHASES = ("detect_s", "abort_s", "health_s", "rendezvous_s")
 """The in-process restart's phases, as its ``restart`` events record them."""
@@ -104,7 +106,9 @@ def restart_phases(events: Path) -> dict[str, float]:
 
 def _row(ranks: int, kind: str, mode: str, r: dict, t0: float) -> dict:
     times, left = r["times"], r["left"]
+    steps = step_periods(r["events"]) if r["events"].exists() else []
     row = {"ranks": ranks, "kind": kind, "mode": mode, "median_s": median(times), "p95_s": p95(times),
+           "step_s": median(steps), "x_step": median(times) / median(steps) if steps else float("nan"),
            "recovered": f"{len(times)}/{r['injected']}", **restart_phases(r["events"]), "left_running": len(left),
            "wall_s": time.monotonic() - t0}
     print(f"[recovery] {ranks} ranks {kind:9s} {mode:20s} median {median(times):.3f} s ({len(times)}/{r['injected']})"
@@ -162,8 +166,8 @@ def main(argv: list[str] | None = None) -> int:
             r["x_vs_fewest_ranks"] = r["median_s"] / small["median_s"]
     command = "python -m nvrx_lab.bench recovery " + shlex.join(argv)
     report("recovery", rows, a.out, command, extra={"faults_per_kind": n, "timeout_s": a.timeout},
-           columns=["ranks", "kind", "mode", "median_s", "p95_s", "x_vs_nvrx_lab", "x_vs_fewest_ranks", "recovered", *PHASES,
-                    "left_running", "wall_s"])
+           columns=["ranks", "kind", "mode", "median_s", "p95_s", "step_s", "x_step", "x_vs_nvrx_lab", "x_vs_fewest_ranks",
+                    "recovered", *PHASES, "left_running", "wall_s"])
     return exit_status([f"{r['ranks']} ranks {r['kind']} {r['mode']}" for r in rows if r.get("error")])
 
 

@@ -4,11 +4,12 @@ The storage checkpoint (:class:`~.checkpointer.AsyncCheckpointer`) is the durabl
 is written every tens of steps, and a fault rolls back to it. A *local* checkpoint is cheap enough to take
 every step: each rank copies its own shards into a region in node-local shared memory (:mod:`.snapshot`,
 the staging of :mod:`.staging`) and returns; a background thread checksums it and commits its manifest;
-the region goes to one peer on another node over the CPU group (the round completes in the next save)::
+the region goes to one peer on another node over the CPU group (:mod:`.replication`: the receive is posted
+first, so the bytes cross while the next step computes, and the next save commits them)::
 
     rank r   stage (copy)  | return ... thread: CRC32C, manifest ...
              isend -> rank r + local_world (the same local rank on the next node)
-             irecv <- rank r - local_world, into the replica region; its manifest once received
+             irecv <- rank r - local_world, into a replica slot, posted at the save; committed at the next
 
 Every copy outlives something else: the process's own (``memory``) an in-process restart; the files in
 ``<dir>`` (``local``) the death of the process, for the worker the launcher starts in its place; the
@@ -19,9 +20,9 @@ pair a rank that needs it), and fills the state in place; older storage wins onl
 
 **Memory bound**: two own regions, each with its manifest (``rank<r>.<0|1>.data|json``): a save
 overwrites the older one, so the newest stays restorable while the next is written, and ranks that
-stopped one save apart still share a step. One replica a rank (``rank<r>.replica.*``, of rank ``r -
-local_world``), overwritten in place (its manifest removed first): a node lost mid-replication falls back
-to a step both copies hold, or to storage. At most one save's background work is in flight.
+stopped one save apart still share a step. Two replica slots a rank (``rank<r>.replica.<0|1>.*``, of rank
+``r - local_world``): a round receives into the older one (its manifest removed first), so a node lost
+mid-replication restores its peer's previous step. At most one save's background work is in flight.
 
 **Cleanliness**: a clean :meth:`close` removes this rank's files (the last rank on the node the folder);
 a failed process leaves them for its replacement; a whole job SIGKILLed leaves them to the node's
@@ -45,10 +46,11 @@ from . import janitor
 from . import snapshot as snap
 from .loading import Restored
 from .planning import all_gather
+from .replication import Replication
 from .staging import StagingBuffer, open_region
 
-HEADER, DATA, FETCH = 7301, 7302, 7303
-"""Tags of the replication's messages (header: step, length, meta offset, meta size; then the region)."""
+FETCH = 7303
+"""Tag of a copy sent to a rank that lacks the agreed step (a replaced node), from the peer holding it."""
 GRACE_S = float(os.environ.get("NVRX_LAB_LOCAL_GRACE_S", 120))
 
 
@@ -64,8 +66,6 @@ class LocalCheckpointer:
         janitor.start(str(self.dir), GRACE_S)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="nvrx-local", initializer=background_priority)
         self._job = None  # (slot, future) of the newest save's background commit
-        self._works: list = []  # this round's replication messages in flight
-        self._pending_replica: dict | None = None
         self.reached = 0
         self.bind(group, rank, world)
 
@@ -82,7 +82,8 @@ class LocalCheckpointer:
         if same:  # an in-process restart in the same place: this process's copies stay valid (``memory``)
             return
         self._slots = [StagingBuffer(tag="local", path=str(self._own(i))) for i in (0, 1)]
-        self._replica = StagingBuffer(tag="replica", path=str(self._replica_file("data")))
+        self._replicas = [StagingBuffer(tag="replica", path=str(self._replica_file(i, "data"))) for i in (0, 1)]
+        self._replication = Replication(self._replicas, lambda i: self._replica_file(i, "json"), self._describe_replica)
         self._committed: dict[int, dict] = {}  # slot -> manifest of a snapshot this process committed
         self._newest = 1  # the slot of the newest snapshot: a save writes the other one
 
@@ -104,7 +105,7 @@ class LocalCheckpointer:
         self._job = (slot, self._pool.submit(commit, buf.region, manifest, self._manifest(slot)))
         self._newest = slot
         if self.peer is not None:
-            self._start_round(buf.region, manifest)
+            self._replication.start(self.group, self.peer, self.source, buf.region, manifest)
         self.reached = max(self.reached, step)
         return time.monotonic() - t0
 
@@ -114,47 +115,17 @@ class LocalCheckpointer:
             slot, future = self._job
             self._job = None
             self._committed[slot] = future.result()
-        while self._works:
-            self._advance()
+        if hasattr(self, "_replication"):
+            self._replication.finish()
 
-    # ------------------------------------------------------------- replication
-    def _start_round(self, region, manifest: dict) -> None:
-        header = torch.tensor([manifest["step"], manifest["length"], *manifest["meta"]], dtype=torch.int64)
-        self._header_in = torch.zeros(4, dtype=torch.int64)
-        data = torch.frombuffer(region, dtype=torch.uint8, count=manifest["length"])
-        # receives first: a blocking wait must post the data receive before it waits on its own data send
-        self._works = [("header", dist.irecv(self._header_in, group=self.group, group_src=self.source, tag=HEADER)),
-                       ("send", dist.isend(header, group=self.group, group_dst=self.peer, tag=HEADER)),
-                       ("send", dist.isend(data, group=self.group, group_dst=self.peer, tag=DATA))]
-
-    def _advance(self) -> None:
-        """Complete the round: on the header post the data receive, on the data commit the replica. It runs in
-        the next save (gloo's point-to-point works complete only in ``wait()``), so until then the previous
-        replica stays whole: its manifest goes only when the new region starts arriving."""
-        for item in list(self._works):
-            what, work = item
-            work.wait()
-            self._works.remove(item)
-            if what == "header":
-                self._receive_data(*self._header_in.tolist())
-            elif what == "data":  # committed at once (CRC32C: ~0.3 ms for 5 MiB here), not left to the idle thread:
-                # the save returns with the replica restorable, whatever kills this process next
-                commit(self._replica.region, self._pending_replica, self._replica_file("json"))
-                self._pending_replica = None
-
-    def _receive_data(self, step: int, length: int, meta_at: int, meta_len: int) -> None:
-        self._replica_file("json").unlink(missing_ok=True)  # the region is about to change
-        self._replica.ensure(length)
-        into = torch.frombuffer(self._replica.region, dtype=torch.uint8, count=length)
-        self._pending_replica = {"run": self.run, "step": step, "world": self.world, "rank": self.source,
-                                 "file": self._replica_file("data").name, "length": length, "meta": [meta_at, meta_len]}
-        self._works.insert(0, ("data", dist.irecv(into, group=self.group, group_src=self.source, tag=DATA)))
+    def _describe_replica(self, slot: int, step: int, length: int, meta_at: int, meta_len: int) -> dict:
+        return {"run": self.run, "step": step, "world": self.world, "rank": self.source,
+                "file": self._replica_file(slot, "data").name, "length": length, "meta": [meta_at, meta_len]}
 
     def _drop_round(self) -> None:
         """An aborted attempt's messages: their group is gone; the replica they were filling is invalid."""
-        if self._works or self._pending_replica:
-            self._replica_file("json").unlink(missing_ok=True)
-        self._works, self._pending_replica = [], None
+        if hasattr(self, "_replication"):
+            self._replication.drop()
         if self._job is not None:
             slot, future = self._job
             self._job = None
@@ -169,7 +140,8 @@ class LocalCheckpointer:
         local copy, unless ``storage_step`` is newer (then None: load storage). Bad copies are skipped, logged."""
         self.wait()
         own = [c for c in (self._candidate(slot) for slot in (0, 1)) if c is not None]
-        replica = self._candidate(None)
+        replica = max((c for c in (self._candidate(None, i) for i in (0, 1)) if c is not None),
+                      key=lambda c: c["step"], default=None)  # the newest of the two replica slots
         plain = replica and {k: v for k, v in replica.items() if k not in ("region", "slot")}
         known = max([self.reached, *(c["step"] for c in own), *([replica["step"]] if replica else [])])
         table = all_gather(([c["step"] for c in own], plain, known), self.group, self.world)
@@ -193,11 +165,12 @@ class LocalCheckpointer:
         (state.load_local_state_dict if live else state.load_state_dict)(state_dict)
         return Restored(step, source, max(0, reached - step))
 
-    def _candidate(self, slot: int | None) -> dict | None:
-        """Own snapshot ``slot`` (None: the replica held for the previous node), checked; None, logged, if unusable."""
+    def _candidate(self, slot: int | None, replica: int = 0) -> dict | None:
+        """Own snapshot ``slot`` (None: replica slot ``replica``, held for the previous node), checked; None, logged,
+        if unusable."""
         if slot in self._committed:
             return {**self._committed[slot], "region": self._slots[slot].region, "source": "memory", "slot": slot}
-        path = self._replica_file("json") if slot is None else self._manifest(slot)
+        path = self._replica_file(replica, "json") if slot is None else self._manifest(slot)
         try:
             if (manifest := snap.read_manifest(path)) is None:
                 return None
@@ -256,11 +229,11 @@ class LocalCheckpointer:
                 janitor.remove_if_unheld(str(self.dir))
 
     def _release(self, remove: bool) -> None:
-        for buf in (*self._slots, self._replica):
+        for buf in (*self._slots, *self._replicas):
             buf.release()
         if remove:
             for path in (self._own(0), self._own(1), self._manifest(0), self._manifest(1),
-                         self._replica_file("data"), self._replica_file("json")):
+                         *(self._replica_file(i, ext) for i in (0, 1) for ext in ("data", "json"))):
                 path.unlink(missing_ok=True)
 
     def _own(self, slot: int) -> Path:
@@ -269,9 +242,9 @@ class LocalCheckpointer:
     def _manifest(self, slot: int) -> Path:
         return self.dir / f"rank{self.rank}.{slot}.json"
 
-    def _replica_file(self, ext: str) -> Path:
-        """The replica this rank holds (of rank ``source``): one per rank, as every rank of a node has a peer."""
-        return self.dir / f"rank{self.rank}.replica.{ext}"
+    def _replica_file(self, slot: int, ext: str) -> Path:
+        """A replica this rank holds (of rank ``source``), slot 0 or 1: every rank of a node has a peer."""
+        return self.dir / f"rank{self.rank}.replica.{slot}.{ext}"
 
 
 def background_priority() -> None:

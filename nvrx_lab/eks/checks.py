@@ -101,7 +101,7 @@ def _check_local(s: JobSpec) -> None:
     if s.local_ckpt_interval and s.ckpt_mode == "none":
         _fail("local_ckpt_interval", "needs ckpt sync or async: checkpoints on FSx stay the durable fallback")
     if s.local_ckpt_interval and s.local_ckpt_gib < 1:
-        _fail("local_ckpt_gib", f"{s.local_ckpt_gib}; allowed: >= 1 with local_ckpt_interval: 3 x each GPU's shard of "
+        _fail("local_ckpt_gib", f"{s.local_ckpt_gib}; allowed: >= 1 with local_ckpt_interval: 4 x each GPU's shard of "
                                 "the training state x GPUs per pod")
     mem = pod_resources(instance_type(s.instance_type))[1]
     if s.shm > mem // 2:

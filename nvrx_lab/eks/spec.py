@@ -67,8 +67,8 @@ class JobSpec:
     """Trainer ``--local-ckpt-interval``: every N steps each rank's state in ``/dev/shm``, replicated to the same GPU of
     the next node, so a fault rolls back at most N steps (0 = off; needs checkpoints on FSx as the fallback)."""
     local_ckpt_gib: int = 0
-    """GiB of ``/dev/shm`` for the local checkpoints, on top of ``shm_gib``: 3 x each GPU's shard of the training state
-    (two own copies and one replica) x GPUs per pod. Required with ``local_ckpt_interval``."""
+    """GiB of ``/dev/shm`` for the local checkpoints, on top of ``shm_gib``: 4 x each GPU's shard of the training state
+    (two own copies and two replica slots) x GPUs per pod. Required with ``local_ckpt_interval``."""
     faults: str = ""
     """Trainer ``--faults`` schedule ``RANK:STEP:KIND[:PHASE],…`` (:func:`nvrx_lab.faults.parse_schedule`); each
     RANK below nodes x GPUs, each STEP in 1..steps (empty: no injected faults)."""

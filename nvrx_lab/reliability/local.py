@@ -9,9 +9,10 @@ node's rank restores from its peer's replica; a clean exit leaves nothing in nod
 count how many trials restored from a local copy and from a peer.
 
 :func:`damaged_replica` — three ranks on three nodes save steps 1–3, then node 0 loses its memory, so
-rank 0 can only restore from the replica rank 1 holds (:mod:`.local_replica`): intact, it restores step 3
-from the ``peer``; with a flipped byte, or a manifest naming an older run, the replica is skipped with
-its reason logged and no rank restores anything (storage is the fallback), with no wrong value anywhere.
+rank 0 can only restore from the replicas rank 1 holds in two slots (:mod:`.local_replica`): intact, it restores
+step 3 from the ``peer``; with a flipped byte in the newest, that one is skipped with its reason logged and every
+rank restores step 2 (the older slot); with both damaged, or both manifests naming an older run, no rank restores
+anything (storage is the fallback); no wrong value anywhere.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -33,7 +35,8 @@ from nvrx_lab.runner import torchrun
 WORLD = 2
 REPLICA_CASES = {  # case: (what ranks 0, 1 and 2 restore, why rank 0's replica on rank 1 is skipped)
     "intact": (("3 peer ok", "3 local ok", "3 local ok"), None),
-    "corrupt": (("None None ok",) * 3, "CRC32C mismatch (corrupted)"),
+    "corrupt": (("2 peer ok", "2 local ok", "2 local ok"), "CRC32C mismatch (corrupted)"),
+    "corrupt-both": (("None None ok",) * 3, "CRC32C mismatch (corrupted)"),
     "older-run": (("None None ok",) * 3, "belongs to another run ('run-0', this run is 'run-1')"),
 }
 
@@ -64,7 +67,8 @@ def _trial(work: Path, delay_s: float, lose_node: bool, mib: float) -> tuple[str
     """One kill and one restore; (what went wrong or None, each rank's result)."""
     procs = _start("save", work, mib)
     try:  # both ranks hold a replica: the job is past its first round
-        wait_for(lambda: len(list(work.glob("node*/rank*.replica.json"))) == WORLD, 60, "both replicas")
+        wait_for(lambda: len({(p.parent, p.name.split(".")[0]) for p in work.glob("node*/rank*.replica.*.json")}) == WORLD,
+                 60, "both replicas")
         time.sleep(delay_s)
     except TimeoutError as e:
         return str(e), []
@@ -111,8 +115,9 @@ def sigkill_mid_replication(work: Path, trials: int = 20, seed: int = 0, mib: fl
 
 
 def damaged_replica(work: Path, rounds: int = 1) -> Row:
-    row = Row("damaged replica", holds="an intact replica restores a lost node from its peer; a corrupt one or one "
-              "of an older run is skipped with its reason logged, nothing restored, no wrong value")
+    row = Row("damaged replica", holds="an intact replica restores a lost node from its peer, the older slot when the "
+              "newest is corrupt; a corrupt one or one of an older run is skipped with its reason logged, nothing restored "
+              "once none is left, no wrong value")
     with timed(row):
         for i in range(rounds):
             res = torchrun(3, "-m", "nvrx_lab.reliability.local_replica", str(Path(work) / f"round{i}"), *REPLICA_CASES,
@@ -121,7 +126,8 @@ def damaged_replica(work: Path, rounds: int = 1) -> Row:
                 folder = Path(work) / f"round{i}" / case
                 got = tuple((folder / f"result.{r}").read_text() if (folder / f"result.{r}").exists() else "missing"
                             for r in range(3))
-                logged = reason is None or f"{case}/node1/rank1.replica.json skipped: {reason}" in res.output
+                logged = reason is None or re.search(rf"{case}/node1/rank1\.replica\.[01]\.json skipped: {re.escape(reason)}",
+                                                     res.output) is not None
                 row.check(got == expected and logged and res.returncode == 0,
                           f"round {i} {case}: restored {got}, expected {expected}; reason logged: {logged}; "
                           f"exit code {res.returncode}: {res.output[-1500:]}")

@@ -3,13 +3,15 @@
 
 One rank of :func:`.local.damaged_replica`: ``python -m nvrx_lab.reliability.local_replica WORK CASE...`` (env: RANK,
 WORLD_SIZE = 3, MASTER_ADDR/PORT), each CASE one
-of ``intact`` (the replica restores), ``corrupt`` (a flipped byte: skipped, nothing restored) and ``older-run``
-(the replica's manifest names another run: skipped), in its own folder. Each rank writes ``step source ok`` to
+of ``intact`` (the newest replica restores), ``corrupt`` (a flipped byte in the newest: skipped, the older replica
+slot restores the step before), ``corrupt-both`` (both slots: skipped, nothing restored) and ``older-run`` (both
+manifests name another run: skipped), in its own folder. Each rank writes ``step source ok`` to
 ``WORK/CASE/result.RANK`` (a file, not stdout: three ranks' lines on one pipe can interleave).
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -38,15 +40,15 @@ def run_case(work: Path, case: str, rank: int) -> None:
     if rank == 0:  # node 0 is replaced: its memory is gone
         for path in node.glob("rank0.*"):
             path.unlink()
-    elif rank != 1:  # rank 1 holds rank 0's replica
-        pass
-    elif case == "corrupt":
-        with open(node / "rank1.replica.data", "r+b") as f:
-            f.seek(100)
-            f.write(b"\xff\xfe")
-    elif case == "older-run":
-        manifest = node / "rank1.replica.json"
-        manifest.write_text(manifest.read_text().replace('"run-1"', '"run-0"'))
+    elif rank == 1:  # rank 1 holds rank 0's replica, in two slots: the newest last
+        manifests = sorted(node.glob("rank1.replica.*.json"), key=lambda m: json.loads(m.read_text())["step"])
+        for manifest in {"corrupt": manifests[-1:], "corrupt-both": manifests}.get(case, []):
+            with open(node / json.loads(manifest.read_text())["file"], "r+b") as f:
+                f.seek(100)
+                f.write(b"\xff\xfe")
+        if case == "older-run":
+            for manifest in manifests:
+                manifest.write_text(manifest.read_text().replace('"run-1"', '"run-0"'))
     dist.barrier()
     again = LocalCheckpointer(node, run="run-1", rank=rank, world=world, local_world=1)
     state = Blob(1000, -1.0)
