@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from nvrx_lab import layers
 from nvrx_lab.config import TrainConfig
-from nvrx_lab.dist import DistContext, env_rank, init_distributed, pick_device, shutdown
+from nvrx_lab.dist import DistContext, env_rank, init_distributed, join_group_threads, pick_device, shutdown
 from nvrx_lab.events import EventLog
 from nvrx_lab.hooks import ComposeHooks, Hooks
 
@@ -39,6 +39,7 @@ def run_plain(cfg: TrainConfig, events: EventLog, hooks: Hooks, body: Body) -> d
         hooks.close()  # first: shutting down the writer is no reason to be declared hung
         if checkpointer is not None:  # a failed or interrupted run abandons its save in flight
             checkpointer.close() if clean else checkpointer.abandon()
+            checkpointer = None  # it holds the group, whose threads shutdown joins
         shutdown(ctx, clean)
 
 
@@ -100,7 +101,9 @@ def run_inprocess(cfg: TrainConfig, events: EventLog, hooks: Hooks, body: Body) 
         return summary
     finally:
         hooks.close()
-        if (ckpt := persistent.get("ckpt")) is not None:
+        if (ckpt := persistent.pop("ckpt", None)) is not None:
             if not clean and getattr(ckpt, "local", None):  # the wrapper gave up: a launcher may restart us
                 ckpt.local.close(keep=True)
             ckpt.close()
+            del ckpt  # it held the last attempt's group: now its threads can be joined
+        join_group_threads()

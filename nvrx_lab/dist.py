@@ -7,12 +7,15 @@ On GPUs the default group is NCCL and a second, gloo group carries CPU-side coll
 
 from __future__ import annotations
 
+import gc
 import os
+import weakref
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 
 @dataclass
@@ -65,15 +68,21 @@ def context_for(dev: torch.device, timeout: timedelta | None = None) -> DistCont
     return DistContext(dist.get_rank(), dist.get_world_size(), local_rank, dev, cpu_group)
 
 
-def shutdown(ctx: DistContext | None = None, clean: bool = True) -> None:
-    """Destroy the default group (and the CPU group); after a clean run, a barrier first.
+def device_mesh(device: torch.device) -> DeviceMesh:
+    """A 1-D mesh of every rank on ``device``'s type, remembered so that :func:`join_group_threads` can let go of
+    its group when the group is destroyed."""
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    _meshes.add(mesh)
+    return mesh
 
-    Why the barrier: torch 2.13's gloo worker threads outlive ``destroy_process_group`` and release a
-    finished collective's work (and with it Python-owned tensors, which needs the GIL) a moment after
-    the caller has moved on. If that moment falls in interpreter shutdown, the thread is killed while
-    unwinding a destructor and the process aborts ("terminate called without an active exception",
-    exit -6) after it has trained. A barrier runs after every earlier collective of the group has
-    finished, so by then their work is released. After a failure no barrier: a peer may be gone."""
+
+_meshes: weakref.WeakSet[DeviceMesh] = weakref.WeakSet()
+
+
+def shutdown(ctx: DistContext | None = None, clean: bool = True) -> None:
+    """Destroy the default group (and the CPU group), after a clean run with a barrier first, and join their
+    threads (:func:`join_group_threads`); ``ctx`` no longer holds a group afterwards. After a failure no
+    barrier: a peer may be gone."""
     if not dist.is_initialized():
         return
     if clean:
@@ -82,3 +91,26 @@ def shutdown(ctx: DistContext | None = None, clean: bool = True) -> None:
         if group is not None and group is not dist.group.WORLD:
             dist.barrier()
     dist.destroy_process_group()
+    if ctx is not None:
+        ctx.cpu_group = None
+    join_group_threads()
+
+
+def join_group_threads() -> None:
+    """After ``destroy_process_group``: let go of the destroyed groups, so that torch joins their threads now,
+    while the interpreter is whole.
+
+    torch 2.13's gloo worker threads release a finished work (and with it Python-owned tensors, which needs the
+    GIL) a moment after the caller has moved on, and destroying the group does not join them: every
+    ``DeviceMesh`` built over the group keeps it (``_pg_registry``, for torch.compile), and DTensor's sharding
+    caches keep the meshes for the life of the process. If a thread's moment falls in interpreter shutdown, the
+    thread is killed while unwinding a destructor and the process aborts ("terminate called without an active
+    exception", exit -6) after it has trained; a barrier before the destroy narrows that window but cannot
+    close it. Once its last reference goes, a group joins its threads (torch drops the GIL for that), so each
+    one finishes its release first. Collecting garbage frees the FSDP modules' reference cycles that hold
+    groups too."""
+    for mesh in list(_meshes):
+        registry = getattr(mesh, "_pg_registry", None)
+        if isinstance(registry, dict):
+            registry.clear()
+    gc.collect()

@@ -27,7 +27,6 @@ import time
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from nvrx_lab import attempts, layers, runs
@@ -35,7 +34,7 @@ from nvrx_lab.checkpoint import CheckpointError
 from nvrx_lab.cli import parse_dataclass
 from nvrx_lab.config import TrainConfig, check_config, model_config
 from nvrx_lab.data import SyntheticTokens
-from nvrx_lab.dist import DistContext, env_rank
+from nvrx_lab.dist import DistContext, device_mesh, env_rank
 from nvrx_lab.events import EventLog, read_events
 from nvrx_lab.goodput import analyze
 from nvrx_lab.hooks import ComposeHooks, Hooks
@@ -54,7 +53,7 @@ def build_model(cfg: TrainConfig, device: torch.device) -> torch.nn.Module:
     of this device type (FSDP2's default mesh takes the accelerator whenever one exists, --device cpu too)."""
     torch.manual_seed(cfg.seed)
     model = Transformer(model_config(cfg)).to(device)
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),)) if dist.is_initialized() else None
+    mesh = device_mesh(device) if dist.is_initialized() else None
     for block in model.blocks:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)

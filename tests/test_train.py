@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -30,6 +32,24 @@ def test_two_ranks_reproduce_the_loss_curve_bit_for_bit(torchrun, tmp_path):
     steps = read_events(tmp_path / "run0.jsonl", "step")
     assert [e["step"] for e in steps] == list(range(1, 9))
     assert all(e["rank"] == 0 and e["tokens_per_s"] > 0 for e in steps)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("flags", [
+    [],
+    ["--ckpt", "async", "--ckpt-interval", "3", "--local-ckpt-interval", "2"],
+    ["--restart", "inprocess", "--ckpt", "async", "--ckpt-interval", "3", "--faults", "1:5:exception"],
+], ids=["plain", "async+local", "inprocess-restarted"])
+def test_no_group_thread_outlives_the_trainer(torchrun, tmp_path, flags):
+    """When ``main`` returns, every process group is destroyed and its threads joined (the last attempt's and
+    a restarted one's): none is left to abort the interpreter's exit."""
+    dirs = ["--ckpt-dir", str(tmp_path / "ckpt"), "--local-ckpt-dir", str(tmp_path / "shm")]
+    res = torchrun(2, str(Path(__file__).parent / "workers" / "exit_threads.py"), *SMALL, *dirs, *flags, timeout=180)
+    assert res.returncode == 0, res.stdout[-3000:]
+    lines = [json.loads(line.split(" ", 1)[1]) for line in res.stdout.splitlines() if line.startswith("THREADS ")]
+    assert sorted(line["rank"] for line in lines) == [0, 1], res.stdout[-3000:]
+    for line in lines:
+        assert line["rc"] == 0 and not [t for t in line["threads"] if "gloo" in t], line
 
 
 def test_single_process_matches_the_two_rank_curve_closely(tmp_path):

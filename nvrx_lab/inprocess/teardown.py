@@ -16,10 +16,10 @@ function), and cycles wait for a full collection that a loop with few Python all
 that disables automatic collection, as Megatron-LM's ``--manual-gc`` does) may not run for a long
 time. NVRx collects the same way (``while gc.collect(): pass``).
 
-After success, every rank drains the attempt's group before destroying it
-(:func:`drain_and_destroy`): torch 2.13's gloo worker threads otherwise may still release a
-finished work, which holds Python-owned tensors, while the interpreter finalizes — the process
-then aborts ("terminate called without an active exception", SIGABRT at exit).
+After success, every rank drains the attempt's group, destroys it and joins its threads
+(:func:`drain_and_destroy`, :func:`nvrx_lab.dist.join_group_threads`): torch 2.13's gloo worker threads
+otherwise may still release a finished work, which holds Python-owned tensors, while the interpreter
+finalizes — the process then aborts ("terminate called without an active exception", SIGABRT at exit).
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from nvrx_lab.dist import join_group_threads
 
 
 def destroy_group() -> None:
@@ -167,7 +169,8 @@ def barrier_devices(pg) -> list[torch.device]:
 
 def drain_and_destroy(timeout: float) -> str | None:
     """Every rank returned: a barrier on each backend of the default group (bounded by ``timeout``
-    s; it completes only once every collective queued before it has), then destroy the group.
+    s; it completes only once every collective queued before it has), then destroy the group and join
+    the threads of every group no one holds any more.
     Returns the barrier's error as text, or ``None``; the group is destroyed either way."""
     if not (dist.is_available() and dist.is_initialized()):
         return None
@@ -182,4 +185,5 @@ def drain_and_destroy(timeout: float) -> str | None:
         error = f"{type(e).__name__}: {e}"
     finally:
         dist.destroy_process_group()
+        join_group_threads()
     return error
