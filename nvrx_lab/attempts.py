@@ -106,4 +106,5 @@ def run_inprocess(cfg: TrainConfig, events: EventLog, hooks: Hooks, body: Body) 
                 ckpt.local.close(keep=True)
             ckpt.close()
             del ckpt  # it held the last attempt's group: now its threads can be joined
-        join_group_threads()
+        if clean:
+            join_group_threads()

@@ -80,9 +80,10 @@ _meshes: weakref.WeakSet[DeviceMesh] = weakref.WeakSet()
 
 
 def shutdown(ctx: DistContext | None = None, clean: bool = True) -> None:
-    """Destroy the default group (and the CPU group), after a clean run with a barrier first, and join their
-    threads (:func:`join_group_threads`); ``ctx`` no longer holds a group afterwards. After a failure no
-    barrier: a peer may be gone."""
+    """Destroy the default group (and the CPU group); ``ctx`` no longer holds a group afterwards. After a clean
+    run a barrier first, and their threads are joined after (:func:`join_group_threads`). After a failure
+    neither: a peer may be gone, and a thread still in a collective with it would hold the exit up to the
+    group's timeout."""
     if not dist.is_initialized():
         return
     if clean:
@@ -93,7 +94,8 @@ def shutdown(ctx: DistContext | None = None, clean: bool = True) -> None:
     dist.destroy_process_group()
     if ctx is not None:
         ctx.cpu_group = None
-    join_group_threads()
+    if clean:
+        join_group_threads()
 
 
 def join_group_threads() -> None:
