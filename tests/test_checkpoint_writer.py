@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -50,6 +51,26 @@ def test_a_writer_that_cannot_start_says_why_at_once(monkeypatch):
     kind, step, info = proc.poll(timeout=10)
     assert (kind, step) == ("died", 7) and "no module named fast_storage" in info["why"]
     proc.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_writer_closed_mid_save_announces_nothing_and_says_why_without_its_log(monkeypatch):
+    """Abandon closes the writer with a save in flight; its reader thread, which sees the connection drop a
+    moment later, must neither announce that save nor read the closed log (it raised in that thread)."""
+    monkeypatch.setattr(writer, "command", lambda conn_fd, death_fd, priority: [
+        sys.executable, "-c", "import time; time.sleep(60)"])  # never ready: the save stays in flight
+    raised = []
+    monkeypatch.setattr(threading, "excepthook", raised.append)
+    proc = writer.WriterProcess(rank=3)
+    outcomes = []
+    proc.submit({"step": 4, "tmp": "/nonexistent/.tmp_step_00000004_x"}, on_outcome=lambda *a: outcomes.append(a))
+    proc.close(timeout=0.1)
+    reader = [t for t in threading.enumerate() if t.name == "nvrx-ckpt-writer-3-reader"]
+    for t in reader:
+        t.join(10)
+    proc._announce("died", None)  # a reader thread later still
+    assert not [t for t in reader if t.is_alive()] and raised == [] and outcomes == []
+    assert proc.why() == "exit code -9"
 
 
 @pytest.mark.timeout(60)

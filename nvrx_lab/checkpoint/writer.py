@@ -221,8 +221,11 @@ class WriterProcess:
     def why(self) -> str:
         """The writer's exit code and the last line it printed (why it died)."""
         code = self.process.poll()
-        self._stderr.seek(0)
-        lines = [ln for ln in self._stderr.read()[-4096:].decode(errors="replace").splitlines() if ln.strip()]
+        try:
+            self._stderr.seek(0)
+            lines = [ln for ln in self._stderr.read()[-4096:].decode(errors="replace").splitlines() if ln.strip()]
+        except ValueError:  # closed: the trainer closed the writer meanwhile (a reader thread asks late)
+            lines = []
         return f"exit code {code}" + (f": {lines[-1].strip()}" if lines else "")
 
     def submit(self, msg: dict, on_outcome: Callable[[str, dict], object] | None = None) -> None:
@@ -263,6 +266,9 @@ class WriterProcess:
         return got
 
     def close(self, timeout: float = 10.0) -> None:
+        """Stop the writer; the request in flight, if any, is announced no more (its save is over for the caller)."""
+        with self._lock:
+            self._on_outcome = None
         if self.alive():
             self._send(None)
             try:
