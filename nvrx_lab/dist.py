@@ -68,15 +68,16 @@ def context_for(dev: torch.device, timeout: timedelta | None = None) -> DistCont
     return DistContext(dist.get_rank(), dist.get_world_size(), local_rank, dev, cpu_group)
 
 
+_meshes: weakref.WeakSet[DeviceMesh] = weakref.WeakSet()
+"""The meshes :func:`device_mesh` built, whose groups :func:`join_group_threads` lets go of."""
+
+
 def device_mesh(device: torch.device) -> DeviceMesh:
     """A 1-D mesh of every rank on ``device``'s type, remembered so that :func:`join_group_threads` can let go of
     its group when the group is destroyed."""
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     _meshes.add(mesh)
     return mesh
-
-
-_meshes: weakref.WeakSet[DeviceMesh] = weakref.WeakSet()
 
 
 def shutdown(ctx: DistContext | None = None, clean: bool = True) -> None:

@@ -53,14 +53,16 @@ def recovery_times(events: list[dict] | str | Path, attempt: str = "attempt") ->
     return out, len(faults)
 
 
-def step_periods(events: list[dict] | str | Path, attempt: str = "attempt") -> list[float]:
-    """Seconds from each rank's step to its next step of the same attempt: steps with no restart between
-    them, so at each world size the step a recovery ends with can be set against one that follows no fault."""
+def step_periods(events: list[dict] | str | Path, attempt: str = "attempt", after: int | None = None) -> list[float]:
+    """Seconds from each rank's step to its next step of the same attempt (the whole step: whatever the trainer
+    does between two step events, its checkpoints too), only from steps past ``after`` if given: steps with no
+    restart between them, so at each world size the step a recovery ends with can be set against one that
+    follows no fault."""
     last: dict[tuple, tuple[int, float]] = {}
     out = []
     for s in sorted((e for e in _events(events) if e["kind"] == "step"), key=lambda e: e["t"]):
-        key = (s["rank"], s[attempt])
-        if key in last and s["step"] == last[key][0] + 1:
+        key = (s["rank"], s.get(attempt))  # a run without restarts has no attempt field
+        if key in last and s["step"] == last[key][0] + 1 and (after is None or last[key][0] > after):
             out.append(s["t"] - last[key][1])
         last[key] = (s["step"], s["t"])
     return out

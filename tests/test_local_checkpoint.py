@@ -165,12 +165,12 @@ def test_the_meta_is_read_back_without_running_code():
 
 
 def test_the_step_bench_times_whole_steps_with_their_snapshot():
-    from nvrx_lab.bench.local import step_periods
+    from nvrx_lab.timeline import step_periods  # the step bench's (and the recovery bench's) step period
 
-    step = lambda s, t: {"kind": "step", "step": s, "t": t, "step_time": 0.01}  # noqa: E731
+    step = lambda s, t: {"kind": "step", "rank": 0, "step": s, "t": t, "step_time": 0.01}  # noqa: E731
     events = [step(1, 0.0), step(2, 0.1), step(3, 0.3), {"kind": "resume", "step": 2}, step(3, 5.0), step(4, 5.2)]
     # one step event to the next (0.2 s, not the events' 0.01 s), never across a restart, the first step left out
-    assert step_periods(events, skip=1) == pytest.approx([0.2, 0.2])
+    assert step_periods(events, after=1) == pytest.approx([0.2, 0.2])
 
 
 def test_agreed_step_is_the_newest_every_rank_can_restore():

@@ -19,7 +19,6 @@ Two tables, peers side by side in the same run:
 from __future__ import annotations
 
 import argparse
-import itertools
 import shlex
 import shutil
 import statistics
@@ -33,10 +32,10 @@ import torch
 
 from nvrx_lab.checkpoint import AsyncCheckpointer, integrity
 from nvrx_lab.checkpoint.local import LocalCheckpointer
-from nvrx_lab.events import read_events
 from nvrx_lab.net import free_port_pair
 from nvrx_lab.runner import Torchrun, run, trainer
 from nvrx_lab.table import report
+from nvrx_lab.timeline import step_periods
 
 
 class Blob:
@@ -107,17 +106,10 @@ def step_rows(steps: int, runs: int, work: Path, skip: int = 5, step_sleep: floa
             for res in two_nodes(trainer(**flags)):
                 if res.returncode != 0:
                     raise RuntimeError(f"trainer failed (local interval {interval}):\n{res.output[-3000:]}")
-            times[interval] += step_periods(read_events(metrics), skip)
+            times[interval] += step_periods(metrics, after=skip)
     base = statistics.median(times[0])
     return [{"local_ckpt_interval": k, "step_sleep_s": step_sleep, "steps_timed": len(v), "step_ms": 1e3 * statistics.median(v),
              "vs_without": statistics.median(v) / base} for k, v in times.items()]
-
-
-def step_periods(events: list[dict], skip: int) -> list[float]:
-    """Seconds from one step's event to the next's: the whole step, its checkpoints included (the event's own
-    ``step_time`` covers forward, backward and optimizer only, not what the snapshot costs)."""
-    steps = [e for e in events if e["kind"] == "step"]
-    return [b["t"] - a["t"] for a, b in itertools.pairwise(steps) if a["step"] > skip and b["step"] == a["step"] + 1]
 
 
 def main(argv: list[str] | None = None) -> int:
