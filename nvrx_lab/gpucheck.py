@@ -13,9 +13,12 @@ c. **in-process restart** of a model of several GiB (an exception, then a hang) 
    ``cuda_left_bytes``);
 d. **poisoned CUDA context** — a device-side assert in attempt 0, without and with
    :class:`~nvrx_lab.inprocess.CudaHealthCheck`: without, the attempts fail until
-   ``max_iterations``; with, the rank leaves after the first.
+   ``max_iterations``; with, the rank leaves after the first;
+e. **NCCL abort path** — the abort in-process restart runs (``ncclCommAbort`` on every NCCL group): it ran on
+   at least one group, the aborted group refuses work instead of hanging, and a new group all-reduces.
 
-Prints a summary table; exits 0 when every check passed, 1 otherwise, 2 without a CUDA device.
+Prints torch's, CUDA's and NCCL's versions first, then a summary table (versions on its first line); exits 0
+when every check passed, 1 otherwise, 2 without a CUDA device (still naming the versions).
 ``--only a,c`` runs some of them; ``--cpu-dry-run`` runs a-c tiny on the CPU (to test this script).
 """
 
@@ -32,7 +35,7 @@ from pathlib import Path
 import torch
 
 from nvrx_lab.events import read_events
-from nvrx_lab.gpucheck_assert import check_device_assert
+from nvrx_lab.gpucheck_assert import check_device_assert, check_nccl_abort
 from nvrx_lab.runner import run, torchrun, trainer
 
 GiB = 2**30
@@ -190,8 +193,17 @@ def check_inprocess_memory(work: Path, device: str, model: list[str], timeout: f
 
 
 # -- main ---------------------------------------------------------------------------------------------
+def versions() -> str:
+    """torch, its CUDA, and the NCCL it loads (``not in this build`` on a CPU wheel)."""
+    try:
+        nccl = ".".join(map(str, torch.cuda.nccl.version()))
+    except (AttributeError, RuntimeError, TypeError):
+        nccl = "not in this build"
+    return f"torch {torch.__version__}, CUDA {torch.version.cuda}, NCCL {nccl}"
+
+
 def print_table(results: list[Result]) -> None:
-    print("\n=== gpucheck summary ===")
+    print(f"\n=== gpucheck summary ({versions()}) ===")
     width = max(len(r.name) for r in results)
     for r in results:
         print(f"{r.name:<{width}}  {'PASS' if r.ok else 'FAIL'}  {r.figures}")
@@ -204,21 +216,20 @@ def print_table(results: list[Result]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m nvrx_lab.gpucheck", description=__doc__.split("\n")[0])
-    ap.add_argument("--only", default="a,b,c,d", help="checks to run, e.g. a,c")
+    ap.add_argument("--only", default="a,b,c,d,e", help="checks to run, e.g. a,c")
     ap.add_argument("--workdir", default=None, help="folder for checkpoints and metrics (default: a temp folder)")
     ap.add_argument("--ckpt-gib", type=float, default=3.0, help="size of the state of check a")
     ap.add_argument("--cpu-dry-run", action="store_true", help="run a-c tiny on the CPU (tests this script)")
     a = ap.parse_args(argv)
     dry = a.cpu_dry_run
     if not dry and not torch.cuda.is_available():
-        print("gpucheck: no CUDA device (torch.cuda.is_available() is False; torch "
-              f"{torch.__version__}, CUDA build {torch.version.cuda}); run it on a GPU machine", file=sys.stderr)
+        print(f"gpucheck: no CUDA device (torch.cuda.is_available() is False; {versions()}); run it on a GPU "
+              "machine", file=sys.stderr)
         return 2
     device = torch.device("cpu") if dry else torch.device("cuda", 0)
     if not dry:
         torch.cuda.set_device(device)
-        print(f"gpucheck on {torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
-              f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}", flush=True)
+        print(f"gpucheck on {torch.cuda.get_device_name(0)}, {versions()}", flush=True)
     work = Path(a.workdir or tempfile.mkdtemp(prefix="nvrx_gpucheck_"))
     work.mkdir(parents=True, exist_ok=True)
     small = ["--dim", "64", "--n-layers", "2", "--n-heads", "4", "--hidden-dim", "128"]
@@ -229,11 +240,12 @@ def main(argv: list[str] | None = None) -> int:
     checks = {"a": lambda: check_checkpoint(work, device, 0.0625 if dry else a.ckpt_gib),
               "b": lambda: check_resume(work, device.type, resume_model, 240),
               "c": lambda: check_inprocess_memory(work, device.type, big_model, 300),
-              "d": lambda: Result("d. device-side assert", *check_device_assert(150))}
+              "d": lambda: Result("d. device-side assert", *check_device_assert(150)),
+              "e": lambda: Result("e. NCCL abort path", *check_nccl_abort(120))}
     results = []
     for key in [k.strip() for k in a.only.split(",") if k.strip()]:
-        if key not in checks or (dry and key == "d"):
-            print(f"gpucheck: skipping {key!r}" + (" (needs a GPU)" if key == "d" else " (unknown)"), flush=True)
+        if key not in checks or (dry and key in "de"):
+            print(f"gpucheck: skipping {key!r}" + (" (needs a GPU)" if key in "de" else " (unknown)"), flush=True)
             continue
         t0 = time.monotonic()
         print(f"gpucheck: {key} ...", flush=True)

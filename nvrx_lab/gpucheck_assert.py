@@ -1,9 +1,12 @@
-"""Check d of :mod:`nvrx_lab.gpucheck`: a device-side assert poisons the CUDA context, with and without
-:class:`~nvrx_lab.inprocess.CudaHealthCheck`. Without it, in-process restart retries the poisoned rank until
-``max_iterations``; with it, the rank leaves after the first attempt.
+"""The GPU workers of :mod:`nvrx_lab.gpucheck`, each a fresh process that prints one JSON line.
 
-The worker runs under torchrun on one GPU: ``python -m torch.distributed.run --nproc-per-node 1 -m
-nvrx_lab.gpucheck_assert [--health-check]`` prints one JSON line.
+* Check d: a device-side assert poisons the CUDA context, with and without
+  :class:`~nvrx_lab.inprocess.CudaHealthCheck`. Without it, in-process restart retries the poisoned rank until
+  ``max_iterations``; with it, the rank leaves after the first attempt. Runs under torchrun on one GPU:
+  ``python -m torch.distributed.run --nproc-per-node 1 -m nvrx_lab.gpucheck_assert [--health-check]``.
+* Check e: the NCCL abort path of in-process restart (:func:`nvrx_lab.inprocess.abort.abort_nccl`, what
+  ``AbortTorchDistributed`` calls): an NCCL group on the GPU all-reduces, is aborted (``ncclCommAbort``), refuses
+  work afterwards, and a new group on the same GPU all-reduces again: ``python -m nvrx_lab.gpucheck_assert --abort``.
 """
 
 from __future__ import annotations
@@ -55,6 +58,64 @@ def device_assert_worker(health: bool) -> int:
     return 0
 
 
+def nccl_abort_worker() -> int:
+    """Check e's worker (one process, one GPU, a world of one over a FileStore); prints one JSON line."""
+    import tempfile
+
+    import torch.distributed as dist
+
+    from nvrx_lab.inprocess.abort import abort_nccl
+
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    row: dict = {"gpucheck_worker": "nccl-abort", "nccl": ".".join(map(str, torch.cuda.nccl.version()))}
+    with tempfile.TemporaryDirectory() as d:
+        for attempt in (0, 1):
+            dist.init_process_group("nccl", store=dist.FileStore(f"{d}/store{attempt}", 1), rank=0, world_size=1,
+                                    device_id=device)
+            x = torch.full((1024,), 2.0, device=device)
+            dist.all_reduce(x)
+            torch.cuda.synchronize()
+            row[f"all_reduce_{attempt}"] = float(x[0])
+            if attempt == 0:
+                t0 = time.monotonic()
+                row["aborted_groups"] = abort_nccl()
+                row["abort_s"] = round(time.monotonic() - t0, 3)
+                try:
+                    dist.all_reduce(x)
+                    torch.cuda.synchronize()
+                    row["after_abort"] = "accepted work"
+                except Exception as e:  # what an aborted communicator must do: refuse, not hang
+                    row["after_abort"] = f"refused: {type(e).__name__}"
+            try:
+                dist.destroy_process_group()
+            except Exception as e:  # reported: in-process restart destroys the aborted group the same way
+                row[f"destroy_{attempt}"] = f"{type(e).__name__}: {str(e)[:120]}"
+    print(json.dumps(row), flush=True)
+    return 0
+
+
+def check_nccl_abort(timeout: float) -> tuple[bool, str, str, list[str]]:
+    """(ok, figures, problems, output lines) of check e's worker."""
+    import subprocess
+
+    try:
+        res = subprocess.run([sys.executable, "-m", "nvrx_lab.gpucheck_assert", "--abort"], capture_output=True,
+                             text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False, "", f"the worker did not finish in {timeout:.0f} s (an abort that hangs?)", []
+    rows = [json.loads(ln) for ln in res.stdout.splitlines() if ln.startswith('{"gpucheck_worker"')]
+    if not rows:
+        return False, "", f"no result (exit {res.returncode})", [(res.stdout + res.stderr)[-1500:].strip()]
+    row = rows[0]
+    figures = (f"NCCL {row['nccl']}: abort path ran on {row['aborted_groups']} group(s) in {row['abort_s']} s; "
+               f"after it: {row['after_abort']}; new group all-reduce {row.get('all_reduce_1')}")
+    problems = [msg for bad, msg in ((row["aborted_groups"] < 1, "abort_nccl() aborted no NCCL group"),
+                                     (row.get("all_reduce_1") != 2.0, "a new group after the abort did not all-reduce"))
+                if bad]
+    return not problems, figures, "; ".join(problems), []
+
+
 def check_device_assert(timeout: float) -> tuple[bool, str, str, list[str]]:
     """(ok, figures, problems, output lines) of the worker run without and with the health check."""
     figures, problems, lines = [], [], []
@@ -82,7 +143,9 @@ def check_device_assert(timeout: float) -> tuple[bool, str, str, list[str]]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m nvrx_lab.gpucheck_assert", description=__doc__.split("\n")[0])
     ap.add_argument("--health-check", action="store_true", help="with CudaHealthCheck")
-    return device_assert_worker(ap.parse_args(argv).health_check)
+    ap.add_argument("--abort", action="store_true", help="check e: the NCCL abort path (no torchrun)")
+    a = ap.parse_args(argv)
+    return nccl_abort_worker() if a.abort else device_assert_worker(a.health_check)
 
 
 if __name__ == "__main__":

@@ -112,6 +112,18 @@ def test_validate_reports_every_violation_with_its_path():
     (dict(local_ckpt_interval=1), "local_ckpt_gib", "4 x each GPU's shard"),
     (dict(local_ckpt_interval=1, local_ckpt_gib=8, ckpt="none"), "local_ckpt_interval", "fallback"),
     (dict(local_ckpt_interval=1, local_ckpt_gib=5000), "local_ckpt_gib", "up to half"),
+    (dict(local_ckpt_interval=1, state_gib_per_gpu=40, ckpt="async"), "state_gib_per_gpu", "local_ckpt_on_nvme=True"),
+    (dict(state_gib_per_gpu=-1), "state_gib_per_gpu", ">= 0"),
+    (dict(local_ckpt_on_nvme=True), "local_ckpt_on_nvme", "local_ckpt_interval"),
+    (dict(workload="jobsets"), "workload", "jobset"),
+    (dict(workload="jobset", name="x" * 55, nodes=128), "name", "at most 52 characters"),
+    (dict(queue_name="team a"), "queue_name", "LocalQueue"),
+    (dict(pg_timeout=300), "pg_timeout", "longest section timeout (600 s)"),
+    (dict(pg_timeout=0, mode="baseline"), "pg_timeout", "> 0"),
+    (dict(rdzv_read_timeout=0), "rdzv_read_timeout", ">= 1"),
+    (dict(node_lost_toleration_s=600), "node_lost_toleration_s", "0..300"),
+    (dict(nccl_trace_buffer=-1), "nccl_trace_buffer", "0 (off)"),
+    (dict(train_extra=("--pg-timeout", "5")), "train_extra", "--pg-timeout"),
 ])
 def test_bad_spec_raises_naming_the_field_and_what_is_allowed(kw, field, allowed):
     with pytest.raises(ValueError) as err:
@@ -144,9 +156,10 @@ def test_rank0_and_node_rank_for_any_node_count(nodes, mode):
                                         "IS_RDZV_HOST": str(int(index == 0))})
         if MODES[mode].uses_launcher:
             assert "--rdzv-endpoint=llama-ft-0.llama-ft:29400" in args
-            assert f"--rdzv-conf=is_host={int(index == 0)},join_timeout=1800" in args
+            assert f"--rdzv-conf=is_host={int(index == 0)},join_timeout=1800,read_timeout=600" in args
         else:
             assert f"--node-rank={index}" in args and "--master-addr=llama-ft-0.llama-ft" in args
+            assert "--rdzv-conf=timeout=1800" in args
     assert "IS_RDZV_HOST=$(( JOB_COMPLETION_INDEX == 0 ? 1 : 0 ))" in script or not MODES[mode].uses_launcher
 
 
@@ -166,7 +179,7 @@ def test_per_mode_commands_and_restart_policies():
     ms = {m: render(spec(mode=m)) for m in MODES}
     scripts = {m: script_of(x) for m, x in ms.items()}
     for m in ("baseline", "async_ckpt", "inprocess"):
-        assert "exec python -m torch.distributed.run" in scripts[m] and "--max-restarts=0" in scripts[m]
+        assert "exec python -m nvrx_lab.eks.torchrun" in scripts[m] and "--max-restarts=0" in scripts[m]
         assert job_of(ms[m])["spec"]["backoffLimit"] == 20 and not find(ms[m], "ConfigMap")
     for m in ("ft_launcher", "ft_launcher+inprocess"):
         assert "exec python -m nvrx_lab.launcher" in scripts[m] and "--max-restarts=10" in scripts[m]
@@ -212,9 +225,11 @@ def test_resources_devices_storage_and_scheduling():
     ms = render(spec(hugepages_2mi=5120, **FSX))
     c = container_of(ms)
     req, lim = c["resources"]["requests"], c["resources"]["limits"]
-    assert req == lim
+    assert {k: v for k, v in req.items() if k != "cpu"} == lim and "cpu" in req  # no CPU limit: no CFS quota
+    guaranteed = container_of(render(spec(cpu_limit=True)))["resources"]
+    assert guaranteed["requests"] == guaranteed["limits"]
     assert lim["nvidia.com/gpu"] == "8" and lim["vpc.amazonaws.com/efa"] == "32" and lim["hugepages-2Mi"] == "5120Mi"
-    assert int(lim["cpu"]) <= 192 and int(lim["memory"].removesuffix("Gi")) < 2048
+    assert int(req["cpu"]) <= 192 and int(lim["memory"].removesuffix("Gi")) < 2048
     pod = job_of(ms)["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": "p5.48xlarge"}
     assert {t["key"] for t in pod["tolerations"]} >= {"nvidia.com/gpu"}
@@ -256,6 +271,7 @@ def test_never_privileged_only_ipc_lock_and_no_inline_secrets(mode):
 def test_committed_manifests_do_not_drift_from_the_renderer(tmp_path):
     fresh = {p.name: p.read_text() for p in write_manifests(tmp_path)}
     committed = {p.name: p.read_text() for p in (ROOT / "manifests").glob("*.yaml")}
+    assert {f"jobset-{m}.yaml" for m in ("baseline", "ft-launcher")} <= set(committed)
     assert set(committed) == set(fresh), \
         "manifests/ has stale or missing files: run python -m nvrx_lab.eks render --out manifests/"
     for name, text in fresh.items():

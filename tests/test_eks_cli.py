@@ -73,3 +73,32 @@ def test_render_with_all_three_fsx_flags_uses_them(tmp_path):
     text = (tmp_path / "fsx-storage.yaml").read_text()
     assert "fs-0fedcba9876543210" in text and "zyxwvuts" in text and "abcdefgh" not in text
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["render", "--name", "Bad_Name"], "render: unrecognized arguments: --name Bad_Name"),  # never taken as --namespace
+    (["render", "--names", "x"], "render: unrecognized arguments: --names x"),
+    (["render", "--nodes", "two"], "render: argument --nodes: invalid int value: 'two'"),
+    (["render", "--out"], "render: argument --out: expected one argument"),
+    (["submit", "--cluster", "c"], "submit: the following arguments are required: --region, --name, --image"),
+    (["rendr"], "argument {render,validate,submit,delete}: invalid choice: 'rendr'"),
+    ([], "the following arguments are required: {render,validate,submit,delete}"),
+])
+def test_a_usage_error_is_one_line_and_flags_are_never_abbreviated(tmp_path, capsys, monkeypatch, argv, expected):
+    monkeypatch.chdir(tmp_path)
+    assert eks_main(argv) == 2
+    err = _one_line_error(capsys)
+    assert expected in err and "usage:" not in err and err.rstrip().endswith("(see --help)")
+    assert list(tmp_path.iterdir()) == []  # nothing rendered
+
+
+def test_help_still_shows_the_usage(capsys):
+    with pytest.raises(SystemExit) as ex:
+        eks_main(["render", "--help"])
+    assert ex.value.code == 0 and capsys.readouterr().out.startswith("usage: python -m nvrx_lab.eks render")
+
+
+def test_a_file_system_error_is_one_line_naming_the_path(capsys):
+    """(/proc refuses every mkdir, also to root, as CI runs.)"""
+    assert eks_main(["render", "--out", "/proc/nvrx-lab-no/such"]) == 1
+    assert _one_line_error(capsys) == "error: /proc/nvrx-lab-no: No such file or directory\n"

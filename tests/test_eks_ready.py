@@ -99,8 +99,8 @@ def test_fault_schedule_uses_the_trainers_grammar():
 def test_committed_fsx_claim_has_no_pod_qos_comment():
     docs = (ROOT / "manifests" / "fsx-storage.yaml").read_text().split("\n---\n")
     pvc = next(d for d in docs if "kind: PersistentVolumeClaim" in d)
-    assert "Guaranteed QoS" not in pvc
+    assert "CPU has no limit" not in pvc
     assert "binds to a volume at least this large" in pvc
-    assert "Guaranteed QoS" in (ROOT / "manifests" / "job-ft-launcher.yaml").read_text()  # where it is true
+    assert "CPU has no limit" in (ROOT / "manifests" / "job-ft-launcher.yaml").read_text()  # where it is true
     assert [d["kind"] for d in yaml.safe_load_all((ROOT / "manifests" / "fsx-storage.yaml").read_text())] == [
         "PersistentVolume", "PersistentVolumeClaim"]

@@ -73,3 +73,23 @@ def test_ca_certificate_is_never_left_on_disk(aws, tmp_path, monkeypatch, in_mem
     del api, cfg
     gc.collect()
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.timeout(60)
+def test_a_leftover_service_or_configmap_is_not_replaced_without_replace(aws, kube):
+    """A Job's TTL removes only the Job: its Service and ConfigMap stay, and may be someone else's."""
+    kube.objects["/api/v1/namespaces/nvrx-lab/services/llama-ft"] = {"kind": "Service", "metadata": {"name": "llama-ft"}}
+    with pytest.raises(EksError, match=r"Service/llama-ft already exist in namespace nvrx-lab .*replace=True \(CLI: --replace\)"):
+        submit(SPEC, CLUSTER, REGION, dry_run=False, watch_job=False, api_server=kube.url)
+    assert [m for m, *_ in kube.requests if m != "GET"] == []  # nothing created or replaced: nothing half-submitted
+    kube.requests.clear()
+    res = submit(SPEC, CLUSTER, REGION, dry_run=False, watch_job=False, api_server=kube.url, replace=True)
+    assert "replaced Service/llama-ft" in res.actions and res.actions[-1] == "created Job/llama-ft"
+
+
+def test_a_jobset_is_rendered_and_validated_but_not_submitted(aws, kube):
+    spec = dataclasses.replace(SPEC, workload="jobset")
+    assert submit(spec, CLUSTER, REGION).manifests[-1]["kind"] == "JobSet"  # the dry run validates it
+    with pytest.raises(EksError, match="apply it with kubectl apply -f"):
+        submit(spec, CLUSTER, REGION, dry_run=False, api_server=kube.url)
+    assert not [m for m, *_ in kube.requests if m != "GET"]

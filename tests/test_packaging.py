@@ -57,3 +57,17 @@ def test_ci_runs_the_readme_test_command():
     readme = (ROOT / "README.md").read_text()
     assert "make test" in readme and "make workbook" in readme
     assert re.search(r"^test:", (ROOT / "Makefile").read_text(), re.M)
+
+
+def test_gpucheck_without_a_gpu_exits_2_naming_the_versions():
+    """The one GPU script stays runnable everywhere: without CUDA one line (with torch's and NCCL's versions), exit 2."""
+    import subprocess
+    import sys
+
+    import torch
+
+    out = subprocess.run([sys.executable, "-m", "nvrx_lab.gpucheck"], capture_output=True, text=True, timeout=120)
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: run python -m nvrx_lab.gpucheck itself")
+    assert out.returncode == 2 and out.stdout == "" and out.stderr.count("\n") == 1, out
+    assert f"torch {torch.__version__}" in out.stderr and "NCCL" in out.stderr

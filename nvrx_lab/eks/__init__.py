@@ -2,7 +2,8 @@
 
 :mod:`nvrx_lab.eks` turns a :class:`JobSpec` into the Kubernetes objects of one job — an Indexed
 Job whose pods find rank 0 at ``<job>-0.<job>`` through a headless Service (2 nodes or 128), the
-launcher's ConfigMap, the FSx for Lustre volume — validates them against the Kubernetes schemas,
+launcher's ConfigMap, the FSx for Lustre volume; or the same pods as a JobSet (``workload="jobset"``) —
+validates them against the Kubernetes schemas (a JobSet against its CRD's),
 submits them with boto3 and the kubernetes client, and runs the very same container command lines
 as local processes on CPU so CI exercises what ships::
 
@@ -14,8 +15,9 @@ as local processes on CPU so CI exercises what ships::
 ``python -m nvrx_lab.eks render --out manifests/`` regenerates the committed manifests.
 Introduced in ``notebooks/05_eks_manifests.ipynb``; submission in ``notebooks/06_submit_p5_job.ipynb``.
 One concept per module: :mod:`.instances`, :mod:`.modes`, :mod:`.spec`, :mod:`.checks`, :mod:`.commands`,
-:mod:`.render`, :mod:`.yamlio`, :mod:`.validate`, :mod:`.auth`, :mod:`.submit`, :mod:`.watch`, :mod:`.local_plan`,
-:mod:`.local`.
+:mod:`.render`, :mod:`.jobset`, :mod:`.yamlio`, :mod:`.validate`, :mod:`.crd`, :mod:`.auth`, :mod:`.submit`,
+:mod:`.watch`, :mod:`.local_plan`, :mod:`.local`; :mod:`.torchrun` is what the torchrun modes' pods run (torchrun,
+with a worker's usage error kept as exit code 2).
 """
 
 from nvrx_lab.eks.auth import EksError, eks_token

@@ -5,8 +5,10 @@
     python -m nvrx_lab.eks submit --cluster C --region R --name N --image IMG --mode ft_launcher [--no-dry-run] [--replace]
     python -m nvrx_lab.eks delete --cluster C --region R --name N
 
-Bad input is one line on stderr naming the flag, file or field and what is allowed, exit code 2; a
-cluster or schema problem exits 1. ``render`` writes nothing unless every file is valid.
+Bad input is one line on stderr, ``error: …``, naming the flag, file or field and what is allowed, exit code 2
+(the usage text only with ``--help``; flags are never abbreviated: ``--name`` is not ``--namespace``); a
+file that cannot be read or written is one ``error:`` line naming its path, exit code 1, as is a cluster
+problem; a schema violation exits 2. ``render`` writes nothing unless every file is valid.
 """
 
 from __future__ import annotations
@@ -27,10 +29,25 @@ from nvrx_lab.eks.yamlio import EXAMPLE, manifest_files, write_files
 FSX_FLAGS = {"fsx_volume_handle": "--fsx-id", "fsx_dns_name": "--fsx-dns", "fsx_mount_name": "--fsx-mount-name"}
 
 
+class UsageError(ValueError):
+    """A bad command line: printed as one ``error:`` line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse without abbreviations, whose errors are one line (``UsageError``) instead of usage + exit."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+
+    def error(self, message: str):
+        cmd = self.prog.removeprefix("python -m nvrx_lab.eks").strip()
+        raise UsageError(f"{cmd + ': ' if cmd else ''}{message} (see --help)")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m nvrx_lab.eks", description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("render", help="write namespace, FSx storage and one Job file per mode")
+    p = _Parser(prog="python -m nvrx_lab.eks", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser, metavar="{render,validate,submit,delete}")
+    r = sub.add_parser("render", help="write namespace, FSx storage and per mode one Job and one JobSet file")
     r.add_argument("--out", default="manifests/", help="output directory (default: manifests/)")
     r.add_argument("--nodes", type=int, default=2, help="nodes per job (default: 2)")
     r.add_argument("--image", default=EXAMPLE["image"], help="training image")
@@ -58,6 +75,7 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--ckpt-interval", type=int, default=100)
             s.add_argument("--faults", default="")
             s.add_argument("--fsx-claim", default="fsx-claim")
+            s.add_argument("--queue-name", default="", help="Kueue LocalQueue: admitted when all pods fit (default: none)")
             s.add_argument("--no-dry-run", action="store_true", help="really submit (default: render and validate only)")
             s.add_argument("--replace", action="store_true",
                            help="delete an existing Job of this name (and its pods) first; it resumes from its checkpoints")
@@ -94,40 +112,60 @@ def _load(path: str) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
     try:
-        if args.cmd == "render":
-            files = manifest_files(nodes=args.nodes, image=args.image, instance_type=args.instance_type,
-                                   namespace=args.namespace, **_fsx(args))
-            counts = {}
-            for name, text in files.items():  # validate everything before writing anything
-                docs = [d for d in yaml.safe_load_all(text) if d]
-                validate(docs)
-                counts[name] = len(docs)
-            for path in write_files(args.out, files):
-                print(f"wrote {path} ({counts[path.name]} objects, valid)")
-        elif args.cmd == "validate":
-            for f in args.files:
-                try:
-                    validate(_load(f))
-                except ManifestError as exc:
-                    raise ManifestError([f"{f}: {e}" for e in exc.errors]) from None
-                print(f"{f}: valid")
-        elif args.cmd == "submit":
-            spec = JobSpec(name=args.name, image=args.image, nodes=args.nodes, mode=args.mode, namespace=args.namespace,
-                           instance_type=args.instance_type, steps=args.steps, ckpt_interval=args.ckpt_interval,
-                           faults=args.faults, fsx_claim=args.fsx_claim)
-            res = submit(spec, args.cluster, args.region, dry_run=not args.no_dry_run, api_server=args.api_server,
-                         replace=args.replace)
-            print("\n".join(res.actions) or f"dry run: {len(res.manifests)} objects valid (pass --no-dry-run to submit)")
-            print(f"status: {res.status}; goodput: {res.goodput}")
-            return 0 if res.status in ("dry-run", "submitted", "Succeeded") else 1
-        else:
-            spec = JobSpec(name=args.name, image="unused", namespace=args.namespace)
-            print("\n".join(delete(spec, args.cluster, args.region, api_server=args.api_server)) or "nothing to delete")
-    except (ValueError, ManifestError, EksError, OSError) as exc:
+        args, extra = _parser().parse_known_args(argv)
+        if extra:
+            raise UsageError(f"{args.cmd}: unrecognized arguments: {' '.join(extra)} (see --help)")
+    except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return _run(args)
+    except (ValueError, ManifestError, EksError, OSError) as exc:
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 2 if isinstance(exc, ValueError) else 1
+
+
+def _one_line(exc: BaseException) -> str:
+    """The message of ``exc`` on one line; a file-system error names its path."""
+    if isinstance(exc, OSError) and exc.filename is not None:
+        return f"{exc.filename}: {exc.strerror or exc}"
+    if isinstance(exc, ManifestError):
+        return f"{len(exc.errors)} schema violation(s): " + "; ".join(exc.errors)
+    return " ".join(str(exc).split())
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The command ``args.cmd``; exceptions go to :func:`main`, which prints them as one line."""
+    if args.cmd == "render":
+        files = manifest_files(nodes=args.nodes, image=args.image, instance_type=args.instance_type,
+                               namespace=args.namespace, **_fsx(args))
+        counts = {}
+        for name, text in files.items():  # validate everything before writing anything
+            docs = [d for d in yaml.safe_load_all(text) if d]
+            validate(docs)
+            counts[name] = len(docs)
+        for path in write_files(args.out, files):
+            print(f"wrote {path} ({counts[path.name]} objects, valid)")
+    elif args.cmd == "validate":
+        for f in args.files:
+            try:
+                validate(_load(f))
+            except ManifestError as exc:
+                raise ManifestError([f"{f}: {e}" for e in exc.errors]) from None
+            print(f"{f}: valid")
+    elif args.cmd == "submit":
+        spec = JobSpec(name=args.name, image=args.image, nodes=args.nodes, mode=args.mode, namespace=args.namespace,
+                       instance_type=args.instance_type, steps=args.steps, ckpt_interval=args.ckpt_interval,
+                       faults=args.faults, fsx_claim=args.fsx_claim, queue_name=args.queue_name)
+        res = submit(spec, args.cluster, args.region, dry_run=not args.no_dry_run, api_server=args.api_server,
+                     replace=args.replace)
+        print("\n".join(res.actions) or f"dry run: {len(res.manifests)} objects valid (pass --no-dry-run to submit)")
+        print(f"status: {res.status}; goodput: {res.goodput}")
+        return 0 if res.status in ("dry-run", "submitted", "Succeeded") else 1
+    else:
+        spec = JobSpec(name=args.name, image="unused", namespace=args.namespace)
+        print("\n".join(delete(spec, args.cluster, args.region, api_server=args.api_server)) or "nothing to delete")
     return 0
 
 

@@ -27,8 +27,9 @@ SECRETISH = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_KEY|ACCESS_
 SECTION = re.compile(r"^[a-z][a-z0-9_]*$")
 FSX_ID = re.compile(r"^fs-[0-9a-f]{8,17}$")
 MANAGED_TRAIN_FLAGS = ("--steps", "--seed", "--global-batch", "--metrics", "--ckpt", "--ckpt-interval", "--ckpt-dir",
-                       "--local-ckpt-interval",
-                       "--restart", "--faults")
+                       "--local-ckpt-interval", "--pg-timeout", "--restart", "--faults")
+LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+WORKLOADS = ("job", "jobset")
 RESERVED_ENV = ("JOB_COMPLETION_INDEX", "NNODES", "NPROC_PER_NODE", "RANK0_HOST", "MASTER_PORT", "RDZV_PORT", "RUN_DIR",
                 "LAUNCHER_CONFIG", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")
 
@@ -55,14 +56,21 @@ def _check_identity(s: JobSpec) -> None:
                       + LABEL_RULE.format("with a letter and "))
     if not isinstance(s.nodes, int) or isinstance(s.nodes, bool) or s.nodes < 1:
         _fail("nodes", f"must be an integer >= 1, got {s.nodes!r}")
-    if len(f"{s.name}-{s.nodes - 1}") > 63:
-        _fail("name", f"{s.name!r} is too long for {s.nodes} nodes: pod hostnames '<name>-<index>' must fit 63 "
-                      f"characters; allowed: at most {62 - len(str(s.nodes - 1))} characters")
+    if s.workload not in WORKLOADS:
+        _fail("workload", f"{s.workload!r}; allowed: job (an Indexed Job) or jobset (a JobSet: its controller must be "
+                          "installed)")
+    extra = len(s.pod_hostname_prefix) - len(s.name)  # '-node-0' under a JobSet
+    if len(f"{s.pod_hostname_prefix}-{s.nodes - 1}") > 63:
+        _fail("name", f"{s.name!r} is too long for {s.nodes} nodes: pod hostnames '{s.pod_hostname_prefix}-<index>' "
+                      f"must fit 63 characters; allowed: at most {62 - extra - len(str(s.nodes - 1))} characters")
     if not isinstance(s.namespace, str) or not DNS1123_LABEL.match(s.namespace) or len(s.namespace) > 63:
         _fail("namespace", f"{s.namespace!r} is not a DNS-1123 label; " + LABEL_RULE.format("and "))
     if not s.image or any(c.isspace() for c in s.image):
         _fail("image", f"{s.image!r}; allowed: a non-empty image reference without spaces")
     mode(s.mode)  # raises naming the modes there are
+    if not isinstance(s.queue_name, str) or len(s.queue_name) > 63 or not LABEL_VALUE.match(s.queue_name):
+        _fail("queue_name", f"{s.queue_name!r} is not a label value; allowed: '' (no Kueue) or a LocalQueue name of up to "
+                            "63 letters, digits, '-', '_' and '.'")
 
 
 def _check_node(s: JobSpec) -> None:
@@ -96,16 +104,24 @@ def _check_storage(s: JobSpec) -> None:
 
 
 def _check_local(s: JobSpec) -> None:
+    """State size, local checkpoints and the ``/dev/shm`` they add up to."""
+    if isinstance(s.state_gib_per_gpu, bool) or not isinstance(s.state_gib_per_gpu, (int, float)) \
+            or not 0 <= s.state_gib_per_gpu < 1e6:
+        _fail("state_gib_per_gpu", f"{s.state_gib_per_gpu!r}; allowed: GiB >= 0 (0: not sized from the state)")
     if s.local_ckpt_interval < 0:
         _fail("local_ckpt_interval", f"{s.local_ckpt_interval}; allowed: 0 (off) or >= 1 steps")
     if s.local_ckpt_interval and s.ckpt_mode == "none":
         _fail("local_ckpt_interval", "needs ckpt sync or async: checkpoints on FSx stay the durable fallback")
-    if s.local_ckpt_interval and s.local_ckpt_gib < 1:
-        _fail("local_ckpt_gib", f"{s.local_ckpt_gib}; allowed: >= 1 with local_ckpt_interval: 4 x each GPU's shard of "
-                                "the training state x GPUs per pod")
+    if s.local_ckpt_interval and s.local_ckpt_gib < 1 and not s.state_gib_per_gpu > 0:
+        _fail("local_ckpt_gib", f"{s.local_ckpt_gib}; allowed: >= 1 with local_ckpt_interval (4 x each GPU's shard of "
+                                "the training state x GPUs per pod), or 0 with state_gib_per_gpu > 0")
+    if s.local_ckpt_on_nvme and not s.local_ckpt_interval:
+        _fail("local_ckpt_on_nvme", "needs local_ckpt_interval >= 1: no local checkpoints to put on NVMe")
     mem = pod_resources(instance_type(s.instance_type))[1]
     if s.shm > mem // 2:
-        _fail("local_ckpt_gib", f"/dev/shm would take {s.shm} GiB of the pod's {mem} GiB; allowed: up to half of it")
+        _fail("state_gib_per_gpu" if s.state_gib_per_gpu else "local_ckpt_gib",
+              f"/dev/shm would take {s.shm} GiB of the pod's {mem} GiB; allowed: up to half of it "
+              "(local_ckpt_on_nvme=True moves the local checkpoints to disk)")
 
 
 def _check_training(s: JobSpec) -> None:
@@ -122,10 +138,13 @@ def _check_training(s: JobSpec) -> None:
         _fail("ckpt_interval", f"{s.ckpt_interval}; allowed: >= 1 (or ckpt='none')")
     _check_local(s)
     _check_faults(s, world)
+    if isinstance(s.pg_timeout, bool) or not isinstance(s.pg_timeout, (int, float)) or not s.pg_timeout > 0:
+        _fail("pg_timeout", f"{s.pg_timeout!r}; allowed: seconds > 0 (default 900)")
+    managed = MANAGED_TRAIN_FLAGS + (("--local-ckpt-dir",) if s.local_ckpt_on_nvme else ())
     for flag in s.train_extra:
-        if flag.split("=")[0] in MANAGED_TRAIN_FLAGS:
+        if flag.split("=")[0] in managed:
             _fail("train_extra", f"{flag!r} is set by a JobSpec field; "
-                                 f"allowed: flags other than {', '.join(MANAGED_TRAIN_FLAGS)}")
+                                 f"allowed: flags other than {', '.join(managed)}")
     if not re.match(r"^[A-Za-z_][\w.]*$", s.train_module):
         _fail("train_module", f"{s.train_module!r}; allowed: a dotted Python module name")
 
@@ -156,6 +175,13 @@ def _check_launcher(s: JobSpec) -> None:
     for name, seconds in s.section_timeouts.items():
         if not SECTION.match(name) or not float(seconds) > 0:
             _fail("section_timeouts", f"{name!r}: {seconds!r}; allowed: lower-case section names with seconds > 0")
+    longest = max(map(float, s.section_timeouts.values()), default=0.0)
+    if s.mode_info.uses_launcher and s.pg_timeout < longest:
+        _fail("pg_timeout", f"{s.pg_timeout:g} s is shorter than the longest section timeout ({longest:g} s): a "
+                            "collective would time out while the launcher still waits; allowed: >= the section timeouts")
+    for f in ("rdzv_join_timeout", "rdzv_read_timeout"):
+        if isinstance(getattr(s, f), bool) or not isinstance(getattr(s, f), int) or getattr(s, f) < 1:
+            _fail(f, f"{getattr(s, f)!r}; allowed: whole seconds >= 1")
     if s.backoff_limit is not None and s.backoff_limit < 0:
         _fail("backoff_limit", f"must be >= 0 or None, got {s.backoff_limit}")
     if s.ttl_after_finished_s < 0 or s.termination_grace_s < 0:
@@ -187,5 +213,11 @@ def _check_pod(s: JobSpec) -> None:
         _fail("nccl_debug", f"{s.nccl_debug!r}; allowed: VERSION, WARN, INFO, TRACE")
     if s.image_pull_policy not in ("Always", "IfNotPresent", "Never"):
         _fail("image_pull_policy", f"{s.image_pull_policy!r}; allowed: Always, IfNotPresent, Never")
+    if isinstance(s.node_lost_toleration_s, bool) or not isinstance(s.node_lost_toleration_s, int) \
+            or not 0 <= s.node_lost_toleration_s <= 300:
+        _fail("node_lost_toleration_s", f"{s.node_lost_toleration_s!r}; allowed: whole seconds 0..300 (Kubernetes' "
+                                        "default is 300)")
+    if isinstance(s.nccl_trace_buffer, bool) or not isinstance(s.nccl_trace_buffer, int) or s.nccl_trace_buffer < 0:
+        _fail("nccl_trace_buffer", f"{s.nccl_trace_buffer!r}; allowed: 0 (off) or entries >= 1")
     if s.priority_class and not DNS1123_SUBDOMAIN.match(s.priority_class):
         _fail("priority_class", f"{s.priority_class!r} is not a DNS-1123 name")

@@ -7,7 +7,7 @@ carries one comment per flag inside bash arrays (comments are legal there)::
     launcher_args=(
       --node-rank="${JOB_COMPLETION_INDEX}"   # node rank = the pod's completion index ...
     )
-    exec python -m torch.distributed.run "${launcher_args[@]}" -m nvrx_lab.train "${trainer_args[@]}"
+    exec python -m nvrx_lab.eks.torchrun "${launcher_args[@]}" -m nvrx_lab.train "${trainer_args[@]}"
 
 The flags come from the same structured commands every local run uses (:mod:`nvrx_lab.runner`):
 :func:`launch_head` is a :class:`~nvrx_lab.runner.Torchrun` or :class:`~nvrx_lab.runner.Launcher`,
@@ -26,13 +26,22 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
+from typing import ClassVar
 
 from nvrx_lab.eks.spec import JobSpec
 from nvrx_lab.runner import Launcher, Torchrun, Worker
 
 CONFIG_DIR = "/etc/nvrx_lab"
 CONFIG_FILE = "launcher.yaml"
-JOIN_TIMEOUT_S = 1800
+NVME_DIR = "/local-ckpt"
+"""Where a pod mounts its disk-backed emptyDir for local checkpoints (``JobSpec.local_ckpt_on_nvme``)."""
+
+
+@dataclass(frozen=True)
+class PodTorchrun(Torchrun):
+    """torchrun's flags, run by :mod:`nvrx_lab.eks.torchrun`: a worker's usage error (exit 2) stays exit 2."""
+
+    module: ClassVar[str] = "nvrx_lab.eks.torchrun"
 
 
 @dataclass(frozen=True)
@@ -51,15 +60,16 @@ class Flag:
         return f"{self.flag}={quoted}"
 
 
-def launch_head(s: JobSpec) -> Torchrun | Launcher:
+def launch_head(s: JobSpec) -> PodTorchrun | Launcher:
     """The pod's launcher as a structured command: torchrun (static store on rank 0) or ``nvrx_lab.launcher``
     (c10d rendezvous, in-job restarts). Values are the pod's ``${VAR}`` references."""
     common = dict(nnodes="${NNODES}", nproc_per_node="${NPROC_PER_NODE}")
     if not s.mode_info.uses_launcher:
-        return Torchrun(**common, node_rank="${JOB_COMPLETION_INDEX}", master_addr="${RANK0_HOST}",
-                        master_port="${MASTER_PORT}", max_restarts=0)
+        return PodTorchrun(**common, node_rank="${JOB_COMPLETION_INDEX}", master_addr="${RANK0_HOST}",
+                           master_port="${MASTER_PORT}", rdzv_conf=f"timeout={s.rdzv_join_timeout}", max_restarts=0)
+    conf = f"is_host=${{IS_RDZV_HOST}},join_timeout={s.rdzv_join_timeout},read_timeout={s.rdzv_read_timeout}"
     return Launcher(**common, rdzv_backend="c10d", rdzv_endpoint="${RANK0_HOST}:${RDZV_PORT}", rdzv_id=s.name,
-                    rdzv_conf=f"is_host=${{IS_RDZV_HOST}},join_timeout={JOIN_TIMEOUT_S}", local_addr="${NODE_ADDR}",
+                    rdzv_conf=conf, local_addr="${NODE_ADDR}",
                     max_restarts=s.max_restarts, monitor_interval=f"{s.monitor_interval:g}",
                     metrics_file="${RUN_DIR}/metrics.jsonl", config="${LAUNCHER_CONFIG}")
 
@@ -69,7 +79,8 @@ def train_worker(s: JobSpec) -> Worker:
     return Worker.of(s.train_module, *s.train_extra, steps=s.steps, seed=s.seed, global_batch=s.batch,
                      metrics="${RUN_DIR}/metrics.jsonl", run_id=s.name, ckpt=s.ckpt_mode, ckpt_interval=s.ckpt_interval,
                      ckpt_dir="${RUN_DIR}/ckpt", local_ckpt_interval=s.local_ckpt_interval or None,
-                     restart=s.mode_info.restart, faults=s.faults or None)
+                     local_ckpt_dir="${LOCAL_CKPT_DIR}" if s.local_ckpt_on_nvme else None,
+                     pg_timeout=f"{s.pg_timeout:g}", restart=s.mode_info.restart, faults=s.faults or None)
 
 
 def _launcher_why(s: JobSpec) -> dict[str, str]:
@@ -81,6 +92,8 @@ def _launcher_why(s: JobSpec) -> dict[str, str]:
             "--node-rank": "node rank = completion index: stable across pod replacements",
             "--master-addr": "rank 0's pod through the headless Service: <job>-0.<job>",
             "--master-port": "torchrun's store on rank 0; clients retry until it listens",
+            "--rdzv-conf": "the store's timeout: how long a pod waits for index 0 and the others (image pulls minutes "
+                           "apart)",
             "--max-restarts": "a dead worker fails the pod; Kubernetes replaces it (backoffLimit)"
                               + ("; exceptions are handled in-process first" if m.inprocess else ""),
         }
@@ -90,7 +103,8 @@ def _launcher_why(s: JobSpec) -> dict[str, str]:
         "--rdzv-backend": "rendezvous over a TCP store: every restart re-forms the group with fresh state",
         "--rdzv-endpoint": "the store runs in completion index 0's launcher",
         "--rdzv-id": "one rendezvous per Job",
-        "--rdzv-conf": "index 0 hosts the store (no hostname guessing); pods may start minutes apart (image pulls)",
+        "--rdzv-conf": "index 0 hosts the store (no hostname guessing); join and read timeouts: pods start minutes apart "
+                       "(image pulls), and torch's 60 s read timeout would give up on a late index 0",
         "--local-addr": "sorts like the completion index (c10d numbers nodes in this order): node rank = index",
         "--max-restarts": "in-pod group restarts after a failure here; then every pod fails (backoffLimit)",
         "--monitor-interval": "seconds between checks of worker exits and heartbeats",
@@ -118,6 +132,9 @@ def trainer_flags(s: JobSpec) -> list[Flag]:
         "--ckpt-dir": "shared by all nodes (FSx), so any pod can resume",
         "--local-ckpt-interval": "a snapshot in /dev/shm every N steps, replicated to the next node: a fault rolls back "
                                  "at most N steps",
+        "--local-ckpt-dir": "the node's NVMe (a disk-backed emptyDir), not /dev/shm",
+        "--pg-timeout": "seconds before a collective gives up: longer than the longest section (a blocking save) and "
+                        "NCCL's start-up at scale",
         "--restart": m.summary,
         "--faults": "injected faults RANK:STEP:KIND[:PHASE], each fires once",
     }
@@ -159,7 +176,8 @@ def container_script(s: JobSpec) -> str:
         "set -euo pipefail",
         "# The Indexed Job gives each pod its completion index 0..NNODES-1: that is its node rank.",
         ': "${JOB_COMPLETION_INDEX:?set by the Indexed Job}"',
-        'mkdir -p "${RUN_DIR}"',
+        'mkdir -p "${RUN_DIR}"' + (' "${RUN_DIR}/nccl-trace"  # the flight recorder dumps here' if s.nccl_trace_buffer
+                                    else ""),
     ]
     if m.uses_launcher:
         lines += ["# Completion index 0 hosts the rendezvous store; the others connect to it.",

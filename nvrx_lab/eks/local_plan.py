@@ -1,5 +1,7 @@
 """``plan(manifests, workdir)``: the pods of an Indexed Job as local processes, mapped to a laptop; starts nothing.
 
+A JobSet's pods are those of the Indexed Job its controller creates (:func:`~nvrx_lab.eks.jobset.child_job`).
+
 Each completion index becomes one :class:`LocalPod`: the container's ``command``/``args`` (with
 ``args`` alone, as rendered, the image's entrypoint is skipped: a laptop needs no CUDA compat set-up)
 and the environment Kubernetes would give it: the manifest's variables (``$(VAR)`` expanded), the
@@ -28,6 +30,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nvrx_lab.eks.jobset import child_job
 from nvrx_lab.net import free_port_pair
 from nvrx_lab.runner import LOOPBACK
 
@@ -61,8 +64,11 @@ class LocalRun:
     ports: dict[int, int]
     """Service port -> local port."""
     status: str = "pending"
-    """Succeeded, Failed (backoffLimit or a FailJob rule) or timeout."""
+    """Succeeded, Failed (backoffLimit, a FailJob rule, or a JobSet out of restarts or failed by a rule) or timeout."""
     failures: int = 0
+    """Pod failures counted against ``backoffLimit`` (what ``podFailurePolicy`` neither ignores nor turns into FailJob)."""
+    group_restarts: int = 0
+    """JobSet only: times every pod was recreated after its child Job failed (``failurePolicy.maxRestarts``)."""
     wall_s: float = 0.0
 
     @property
@@ -85,6 +91,17 @@ def _one(manifests: list[dict], kind: str) -> dict:
     if len(found) != 1:
         raise ValueError(f"manifests: expected exactly one {kind}, found {len(found)}")
     return found[0]
+
+
+def workload(manifests: list[dict]) -> tuple[dict, dict | None]:
+    """(the Indexed Job whose pods run, the JobSet it belongs to or ``None``): exactly one Job or one JobSet."""
+    kinds = [m.get("kind") for m in manifests if m.get("kind") in ("Job", "JobSet")]
+    if len(kinds) != 1:
+        raise ValueError(f"manifests: expected exactly one Job or JobSet, found {len(kinds)}")
+    if kinds[0] == "Job":
+        return _one(manifests, "Job"), None
+    js = _one(manifests, "JobSet")
+    return child_job(js), js
 
 
 def _expand(text: str, env: dict[str, str]) -> str:
@@ -237,7 +254,7 @@ def _argv(manifests: list[dict], job: _Job, pod_env: dict[str, str], mounts: dic
 def plan(manifests: list[dict], workdir: str | Path, max_procs_per_node: int = 1,
          secrets: dict[tuple[str, str], str] | None = None, extra_env: dict[str, str] | None = None) -> LocalRun:
     """The processes :func:`local_run` would start, with their argv and env; starts nothing."""
-    manifest = _one(manifests, "Job")
+    manifest, _ = workload(manifests)
     workdir = Path(workdir)
     name, ns = manifest["metadata"]["name"], manifest["metadata"].get("namespace", "default")
     jspec, pspec = manifest["spec"], manifest["spec"]["template"]["spec"]

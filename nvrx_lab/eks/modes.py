@@ -76,6 +76,20 @@ def mode(name: str) -> Mode:
         raise ValueError(f"JobSpec.mode: unknown mode {name!r}; allowed: {', '.join(MODES)}") from None
 
 
+def flight_recorder_env(entries: int) -> list[tuple[str, str, str]]:
+    """(name, value, why) of PyTorch's NCCL flight recorder: the last ``entries`` collectives of every rank, dumped
+    on FSx (``$(RUN_DIR)``, which the manifest defines first) when a collective times out; none for 0."""
+    if not entries:
+        return []
+    return [
+        ("TORCH_FR_BUFFER_SIZE", str(entries), "NCCL flight recorder (torch 2.13's name of TORCH_NCCL_TRACE_BUFFER_SIZE): "
+                                               "the last collectives of each rank, to tell which rank a hang waits for"),
+        ("TORCH_NCCL_DUMP_ON_TIMEOUT", "1", "a collective that times out dumps every rank's recorder"),
+        ("TORCH_FR_DUMP_TEMP_FILE", "$(RUN_DIR)/nccl-trace/rank_", "dumps on FSx, where they outlive the pod (torch "
+                                                                   "appends the rank)"),
+    ]
+
+
 def nccl_env(m: Mode, efa: int, efa_rdma: bool, hugepages: bool, nccl_debug: str) -> list[tuple[str, str, str]]:
     """(name, value, why) of the EFA, NCCL and PyTorch variables mode ``m`` needs."""
     env = [

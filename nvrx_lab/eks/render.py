@@ -7,11 +7,16 @@ Service and the Indexed Job. The pod template is where the modes meet the hardwa
 * **Identity** — ``completionMode: Indexed`` gives pod *i* the hostname ``<job>-i`` and
   ``JOB_COMPLETION_INDEX=i``; ``subdomain: <job>`` with the headless Service ``<job>`` gives it the
   DNS name ``<job>-i.<job>``. Rank 0 is ``<job>-0.<job>`` for 2 nodes or 128.
-* **Devices** — ``nvidia.com/gpu`` and ``vpc.amazonaws.com/efa`` with limits = requests, and CPU
-  and memory too, so the pod is in the Guaranteed QoS class (evicted last); one pod per node
-  (pod anti-affinity), ``/dev/shm`` as a memory emptyDir with a size limit (never the host's).
+* **Devices** — ``nvidia.com/gpu`` and ``vpc.amazonaws.com/efa`` and memory with limits = requests; CPU
+  is requested without a limit (a limit is a CFS quota that throttles bursts, ``JobSpec.cpu_limit``);
+  one pod per node (pod anti-affinity), ``/dev/shm`` as a memory emptyDir sized from the training
+  state (staging + local copies, :attr:`JobSpec.shm`), local checkpoints on NVMe when asked.
+* **Node loss** — ``not-ready``/``unreachable`` tolerated for ``node_lost_toleration_s`` (60 s), not
+  Kubernetes' 300 s: a lost node's pod is replaced 4 minutes sooner.
 * **Privileges** — capability ``IPC_LOCK`` (EFA pins memory) and nothing else: never
   ``privileged``, no privilege escalation, no service-account token; secrets only by reference.
+  ``IPC_LOCK`` is beyond Pod Security's ``baseline``: the Namespace enforces ``privileged`` and
+  warns and audits at ``baseline``, so anything else beyond it is still reported.
 * **Entrypoint** — the script is the container's ``args``, so the image's entrypoint (CUDA forward
   compatibility, see ``manifests/Dockerfile``) runs first and then execs it.
 * **Restarts** — ``restartPolicy: Never`` with a ``podFailurePolicy``: evictions and preemptions do
@@ -22,11 +27,18 @@ Service and the Indexed Job. The pod template is where the modes meet the hardwa
 from __future__ import annotations
 
 from nvrx_lab.eks import commands
-from nvrx_lab.eks.modes import nccl_env
+from nvrx_lab.eks.jobset import jobset
+from nvrx_lab.eks.modes import flight_recorder_env, nccl_env
 from nvrx_lab.eks.spec import JobSpec
 
 CONTAINER = "trainer"
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+NODE_LOST_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+POD_SECURITY = {"enforce": "privileged", "warn": "baseline", "audit": "baseline"}
+"""Pod Security Admission levels of the Namespace: ``IPC_LOCK`` needs ``privileged``; the rest is held to ``baseline``."""
+NVME_OVERHEAD_GIB = 20
+"""ephemeral-storage on top of the local checkpoints: container logs and the writable layer."""
 
 
 def labels(s: JobSpec) -> dict[str, str]:
@@ -34,13 +46,19 @@ def labels(s: JobSpec) -> dict[str, str]:
             "app.kubernetes.io/component": "training", "nvrx-lab/mode": s.mode.replace("+", ".")}
 
 
+def workload_labels(s: JobSpec) -> dict[str, str]:
+    """The Job's (or JobSet's) labels: Kueue reads its queue here."""
+    return labels(s) | ({QUEUE_LABEL: s.queue_name} if s.queue_name else {})
+
+
 def _meta(s: JobSpec, name: str) -> dict:
     return {"name": name, "namespace": s.namespace, "labels": labels(s)}
 
 
 def namespace(s: JobSpec) -> dict:
+    psa = {f"pod-security.kubernetes.io/{mode}": level for mode, level in POD_SECURITY.items()}
     return {"apiVersion": "v1", "kind": "Namespace",
-            "metadata": {"name": s.namespace, "labels": {"app.kubernetes.io/part-of": "nvrx-lab"}}}
+            "metadata": {"name": s.namespace, "labels": {"app.kubernetes.io/part-of": "nvrx-lab", **psa}}}
 
 
 def pv_name(s: JobSpec) -> str:
@@ -92,18 +110,29 @@ def env_vars(s: JobSpec) -> list[tuple[str, str, str]]:
         ("RUN_DIR", s.run_dir, "this job's directory on FSx: metrics and checkpoints"),
         *([("LAUNCHER_CONFIG", f"{commands.CONFIG_DIR}/{commands.CONFIG_FILE}", "the launcher's config file (ConfigMap mount)")]
           if s.mode_info.uses_launcher else []),
+        *([("LOCAL_CKPT_DIR", commands.NVME_DIR, "local checkpoints on the node's NVMe (disk-backed emptyDir)")]
+          if s.local_ckpt_on_nvme else []),
         *nccl_env(s.mode_info, s.efa, s.instance.efa_rdma, s.hugepages_2mi > 0, s.nccl_debug),
+        *flight_recorder_env(s.nccl_trace_buffer),
         *[(k, v, "JobSpec.env") for k, v in s.env.items()],
     ]
 
 
-def container(s: JobSpec) -> dict:
+def resources(s: JobSpec) -> dict:
+    """Requests and limits: equal for everything but CPU, which has no limit unless ``cpu_limit``."""
     cpu, mem = s.cpu_memory
     res: dict = {"cpu": str(cpu), "memory": f"{mem}Gi", "nvidia.com/gpu": str(s.gpus)}
     if s.efa:
         res["vpc.amazonaws.com/efa"] = str(s.efa)
     if s.hugepages_2mi:
         res["hugepages-2Mi"] = f"{s.hugepages_2mi}Mi"
+    if s.local_ckpt_on_nvme:
+        res["ephemeral-storage"] = f"{s.local_copies_gib + NVME_OVERHEAD_GIB}Gi"
+    limits = dict(res) if s.cpu_limit else {k: v for k, v in res.items() if k != "cpu"}
+    return {"requests": res, "limits": limits}
+
+
+def container(s: JobSpec) -> dict:
     env = [{"name": "JOB_COMPLETION_INDEX",
             "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}}}]
     env += [{"name": k, "value": v} for k, v, _ in env_vars(s)]
@@ -114,12 +143,14 @@ def container(s: JobSpec) -> dict:
         mounts.append({"name": "launcher-config", "mountPath": commands.CONFIG_DIR, "readOnly": True})
     if s.hugepages_2mi:
         mounts.append({"name": "hugepages", "mountPath": "/dev/hugepages"})
+    if s.local_ckpt_on_nvme:
+        mounts.append({"name": "local-ckpt", "mountPath": commands.NVME_DIR})
     return {
         "name": CONTAINER, "image": s.image, "imagePullPolicy": s.image_pull_policy,
         "args": ["/bin/bash", "-c", commands.container_script(s)],  # args, not command: the image's entrypoint runs first
         "env": env,
         "ports": [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in ports(s)],
-        "resources": {"requests": dict(res), "limits": dict(res)},
+        "resources": resources(s),
         "securityContext": {"privileged": False, "allowPrivilegeEscalation": False,
                             "capabilities": {"add": ["IPC_LOCK"]}},
         "volumeMounts": mounts,
@@ -133,6 +164,8 @@ def volumes(s: JobSpec) -> list[dict]:
         vols.append({"name": "launcher-config", "configMap": {"name": f"{s.name}-launcher"}})
     if s.hugepages_2mi:
         vols.append({"name": "hugepages", "emptyDir": {"medium": "HugePages-2Mi"}})
+    if s.local_ckpt_on_nvme:
+        vols.append({"name": "local-ckpt", "emptyDir": {"sizeLimit": f"{s.local_copies_gib}Gi"}})
     return vols
 
 
@@ -143,7 +176,15 @@ def pod_failure_policy() -> dict:
     ]}
 
 
-def job(s: JobSpec) -> dict:
+def tolerations(s: JobSpec) -> list[dict]:
+    """The node group's taints, and a lost node's pod evicted after ``node_lost_toleration_s`` instead of 300 s."""
+    return [*({"key": k, "operator": "Exists", "effect": "NoSchedule"} for k in s.tolerations),
+            *({"key": k, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": s.node_lost_toleration_s}
+              for k in NODE_LOST_TAINTS)]
+
+
+def pod_template(s: JobSpec) -> dict:
+    """The pod of every completion index (also the JobSet's child Job's)."""
     pod_spec: dict = {
         "subdomain": s.name,
         "restartPolicy": "Never",
@@ -151,7 +192,7 @@ def job(s: JobSpec) -> dict:
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": s.termination_grace_s,
         "nodeSelector": {"node.kubernetes.io/instance-type": s.instance_type},
-        "tolerations": [{"key": k, "operator": "Exists", "effect": "NoSchedule"} for k in s.tolerations],
+        "tolerations": tolerations(s),
         "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
             {"labelSelector": {"matchLabels": {"app.kubernetes.io/instance": s.name}},
              "topologyKey": "kubernetes.io/hostname"}]}},
@@ -160,23 +201,35 @@ def job(s: JobSpec) -> dict:
     }
     if s.priority_class:
         pod_spec["priorityClassName"] = s.priority_class
-    meta = _meta(s, s.name)
-    meta["annotations"] = {"nvrx-lab/mode": s.mode}
-    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta,
-            "spec": {"completionMode": "Indexed", "completions": s.nodes, "parallelism": s.nodes,
-                     "backoffLimit": s.backoff, "podFailurePolicy": pod_failure_policy(),
-                     "ttlSecondsAfterFinished": s.ttl_after_finished_s,
-                     "template": {"metadata": {"labels": labels(s)}, "spec": pod_spec}}}
+    return {"metadata": {"labels": labels(s)}, "spec": pod_spec}
+
+
+def job_spec(s: JobSpec, backoff_limit: int) -> dict:
+    """The Indexed Job's ``spec``: one pod per completion index, the restart rules."""
+    return {"completionMode": "Indexed", "completions": s.nodes, "parallelism": s.nodes,
+            "backoffLimit": backoff_limit, "podFailurePolicy": pod_failure_policy(), "template": pod_template(s)}
+
+
+def job(s: JobSpec) -> dict:
+    meta = _meta(s, s.name) | {"labels": workload_labels(s), "annotations": {"nvrx-lab/mode": s.mode}}
+    spec = job_spec(s, s.backoff)
+    spec["ttlSecondsAfterFinished"] = s.ttl_after_finished_s
+    spec["template"] = spec.pop("template")  # last, as people read it
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": spec}
 
 
 def render(spec: JobSpec) -> list[dict]:
-    """All objects of ``spec``'s job, in the order they must be created."""
+    """All objects of ``spec``'s job, in the order they must be created: for ``workload='jobset'`` the JobSet
+    (:mod:`nvrx_lab.eks.jobset`: its controller makes the headless Service) instead of the Service and the Job."""
     out: list[dict] = [namespace(spec)] if spec.create_namespace else []
     if spec.fsx_volume_handle:
         out += fsx_storage(spec)
     if spec.mode_info.uses_launcher:
         out.append(config_map(spec))
-    return out + [service(spec), job(spec)]
+    if spec.workload == "jobset":
+        meta = _meta(spec, spec.name) | {"labels": workload_labels(spec), "annotations": {"nvrx-lab/mode": spec.mode}}
+        return [*out, jobset(spec, meta, job_spec(spec, backoff_limit=0), labels(spec))]
+    return [*out, service(spec), job(spec)]
 
 
 def find(manifests: list[dict], kind: str) -> list[dict]:

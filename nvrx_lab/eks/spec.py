@@ -9,6 +9,7 @@ describe a p5.48xlarge job using the whole node; only ``name`` and ``image`` are
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from nvrx_lab.eks.checks import check
@@ -26,6 +27,12 @@ class JobSpec:
     """Nodes = pods = completion indexes of the Indexed Job (one pod per node)."""
     mode: str = "ft_launcher"
     """baseline, async_ckpt, inprocess, ft_launcher or ft_launcher+inprocess (see :mod:`nvrx_lab.eks.modes`)."""
+    workload: str = "job"
+    """``job``: an Indexed Job and its headless Service, plain Kubernetes; ``jobset``: a JobSet (its controller must be
+    installed) whose one replicated Job restarts as a whole group, at once (:mod:`nvrx_lab.eks.jobset`)."""
+    queue_name: str = ""
+    """Kueue LocalQueue (label ``kueue.x-k8s.io/queue-name``): Kueue admits the job only when quota for all of its pods
+    is free, all or nothing, and queues it until then (empty: no Kueue)."""
     namespace: str = "nvrx-lab"
     """Namespace of every namespaced object."""
     create_namespace: bool = True
@@ -37,8 +44,11 @@ class JobSpec:
     efa_per_node: int | None = None
     """EFA interfaces per pod; ``None``: all of the instance type's (0 disables the EFA settings)."""
     shm_gib: int = 0
-    """Size limit of the memory-backed ``/dev/shm`` (NCCL, dataloader workers), counted against pod memory;
-    0: a quarter of the pod's memory, at most 64 GiB."""
+    """Room in the memory-backed ``/dev/shm`` for NCCL and dataloader workers, counted against pod memory;
+    0: a quarter of the pod's memory, at most 64 GiB. The checkpoint staging and local copies come on top."""
+    state_gib_per_gpu: float = 0.0
+    """GiB of training state one GPU checkpoints (its shard of parameters and optimizer state). Sizes ``/dev/shm``:
+    one staging copy a GPU under ``ckpt=async``, and the local checkpoints (:attr:`local_ckpt_gib`) unless on NVMe."""
     hugepages_2mi: int = 0
     """MiB of 2 MiB hugepages for libfabric (a multiple of 2; 0 = none, the node must pre-allocate them)."""
     fsx_claim: str = "fsx-claim"
@@ -67,8 +77,16 @@ class JobSpec:
     """Trainer ``--local-ckpt-interval``: every N steps each rank's state in ``/dev/shm``, replicated to the same GPU of
     the next node, so a fault rolls back at most N steps (0 = off; needs checkpoints on FSx as the fallback)."""
     local_ckpt_gib: int = 0
-    """GiB of ``/dev/shm`` for the local checkpoints, on top of ``shm_gib``: 4 x each GPU's shard of the training state
-    (two own copies and two replica slots) x GPUs per pod. Required with ``local_ckpt_interval``."""
+    """GiB of the local checkpoints of one pod: 4 x each GPU's shard of the training state (two own copies and two
+    replica slots) x GPUs per pod; 0: computed from ``state_gib_per_gpu``. One of the two is required with
+    ``local_ckpt_interval``."""
+    local_ckpt_on_nvme: bool = False
+    """Local checkpoints in a disk-backed emptyDir instead of ``/dev/shm``: for node groups whose instance-store NVMe
+    drives back the kubelet's ephemeral storage (EKS AL2023 ``nodeadm`` ``localStorage: RAID0``, Bottlerocket's
+    ephemeral storage); the pod then requests that much ``ephemeral-storage``, and ``/dev/shm`` stays small."""
+    pg_timeout: float = 900.0
+    """Trainer ``--pg-timeout``: seconds before a collective gives up. At least the longest section timeout (a blocking
+    save on FSx), and long enough for NCCL's start-up at 16+ nodes (torch's own default is 600 s)."""
     faults: str = ""
     """Trainer ``--faults`` schedule ``RANK:STEP:KIND[:PHASE],…`` (:func:`nvrx_lab.faults.parse_schedule`); each
     RANK below nodes x GPUs, each STEP in 1..steps (empty: no injected faults)."""
@@ -76,6 +94,12 @@ class JobSpec:
     """More trainer flags, verbatim (``("--dim", "1024")``); never the ones the fields above set."""
     train_module: str = "nvrx_lab.train"
     """Python module every worker runs (``python -m``)."""
+    rdzv_join_timeout: int = 1800
+    """Seconds a pod waits for all the others to join (pods of a large job pull a ~28 GB image minutes apart):
+    the launcher's c10d ``join_timeout``, torchrun's static store ``timeout``."""
+    rdzv_read_timeout: int = 600
+    """Launcher modes: the c10d store client's ``read_timeout`` (torch's default 60 s): how long a pod keeps dialling
+    index 0's store before it is up, and how long a store call waits on a host that vanished."""
     max_restarts: int = 10
     """Launcher ``--max-restarts``: restarts of the worker group after a failure on this node before its launcher
     gives up (and closes the rendezvous, which fails every pod: see ``backoff_limit``)."""
@@ -101,6 +125,16 @@ class JobSpec:
     """Environment from Kubernetes Secrets, ``{"VAR": "secret-name/key"}`` (optional: the pod starts without them)."""
     tolerations: tuple[str, ...] = ("nvidia.com/gpu", "vpc.amazonaws.com/efa")
     """Taint keys tolerated (operator Exists, effect NoSchedule): GPU and EFA node groups are usually tainted."""
+    node_lost_toleration_s: int = 60
+    """Seconds a pod stays bound to a ``not-ready`` or ``unreachable`` node before it is evicted and replaced
+    (Kubernetes' default: 300 s; every other pod of the job waits that long)."""
+    cpu_limit: bool = False
+    """Set a CPU limit (= request, Guaranteed QoS). Off: the limit becomes a CFS quota that throttles the bursts of
+    NCCL proxy, dataloader and checkpoint threads on a 192-vCPU node; memory keeps its limit."""
+    nccl_trace_buffer: int = 2000
+    """NCCL flight recorder: collectives kept per rank (``TORCH_FR_BUFFER_SIZE``, formerly
+    ``TORCH_NCCL_TRACE_BUFFER_SIZE``) and dumped to
+    ``<run_dir>/nccl-trace/`` when a collective times out; 0 = off."""
     rdzv_port: int = 29400
     """Port of the c10d rendezvous store on rank 0's pod (launcher modes)."""
     master_port: int = 29500
@@ -150,15 +184,34 @@ class JobSpec:
         return (10 if self.mode_info.kubernetes_restarts else 3) * self.nodes
 
     @property
+    def staging_gib(self) -> int:
+        """``/dev/shm`` for the async checkpoint's staging copy: one per GPU (a sync save writes the live tensors)."""
+        return math.ceil(self.state_gib_per_gpu * self.gpus) if self.ckpt_mode == "async" else 0
+
+    @property
+    def local_copies_gib(self) -> int:
+        """Room for the local checkpoints: ``local_ckpt_gib``, else 4 x the state of a GPU x GPUs (0 when off)."""
+        if not self.local_ckpt_interval:
+            return 0
+        return self.local_ckpt_gib or math.ceil(4 * self.state_gib_per_gpu * self.gpus)
+
+    @property
     def shm(self) -> int:
-        """The memory-backed ``/dev/shm``'s size limit in GiB: NCCL and dataloaders', plus the local checkpoints'."""
-        local = self.local_ckpt_gib if self.local_ckpt_interval else 0
-        return (self.shm_gib or max(1, min(64, self.cpu_memory[1] // 4))) + local
+        """The memory-backed ``/dev/shm``'s size limit in GiB: NCCL's and dataloaders', the staging copy, and the local
+        checkpoints unless they are on NVMe."""
+        base = self.shm_gib or max(1, min(64, self.cpu_memory[1] // 4))
+        return base + self.staging_gib + (0 if self.local_ckpt_on_nvme else self.local_copies_gib)
+
+    @property
+    def pod_hostname_prefix(self) -> str:
+        """Pod ``i``'s hostname is ``<prefix>-<i>``: the Job's name, or ``<jobset>-node-0`` (JobSet's child Job)."""
+        return f"{self.name}-node-0" if self.workload == "jobset" else self.name
 
     @property
     def rank0_host(self) -> str:
-        """Rank 0's stable DNS name: pod hostname ``<job>-0`` under the headless Service ``<job>``."""
-        return f"{self.name}-0.{self.name}"
+        """Rank 0's stable DNS name: pod hostname ``<job>-0`` (``<jobset>-node-0-0``) under the headless Service
+        ``<name>``."""
+        return f"{self.pod_hostname_prefix}-0.{self.name}"
 
     @property
     def run_dir(self) -> str:

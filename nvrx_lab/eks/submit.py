@@ -3,9 +3,12 @@
 With ``dry_run=True`` (the default) nothing leaves the machine: the manifests are rendered and
 validated and returned. Otherwise the objects are created in order. A Namespace, PersistentVolume
 or claim is read first and created only when missing, never replaced; where access stops at the
-namespace (403 on reading and creating a Namespace or PersistentVolume) it is taken to exist. A Job
-of the same name is an error unless ``replace=True``: then it is deleted with its pods (its template
-is immutable) and created again, resuming from its checkpoints; a ConfigMap or Service is replaced.
+namespace (403 on reading and creating a Namespace or PersistentVolume) it is taken to exist. A Job,
+ConfigMap or Service of the same name is an error unless ``replace=True``: then the Job is deleted with
+its pods (its template is immutable) and created again, resuming from its checkpoints, and the
+ConfigMap and Service are replaced. A JobSet (``workload='jobset'``) is rendered and validated here;
+apply it with ``kubectl apply -f`` (``render`` writes ``jobset-<mode>.yaml``): submitting it is not
+implemented.
 The pods' phases are shown with a progress bar, with the reason a pod waits (``Unschedulable: 0/4
 nodes are available: 4 Insufficient nvidia.com/gpu``, ``ErrImagePull`` …), rank 0's log is streamed
 (following each replacement pod) and the goodput summary line is picked out of it (:mod:`.watch`).
@@ -88,6 +91,23 @@ def _job_exists(batch: kubernetes.client.BatchV1Api, spec: JobSpec) -> str:
     return f"{st.active or 0} pods active, {st.succeeded or 0} succeeded, {st.failed or 0} failed" if st else "exists"
 
 
+def _existing(core: kubernetes.client.CoreV1Api, manifests: list[dict]) -> list[str]:
+    """``Kind/name`` of the ConfigMaps and Services of ``manifests`` that already exist (read before creating
+    anything, so a refused submission leaves nothing behind)."""
+    read = {"ConfigMap": core.read_namespaced_config_map, "Service": core.read_namespaced_service}
+    found = []
+    for m in manifests:
+        if m["kind"] in read:
+            try:
+                read[m["kind"]](m["metadata"]["name"], m["metadata"]["namespace"])
+            except ApiException as exc:
+                if exc.status in (403, 404):
+                    continue
+                raise
+            found.append(f"{m['kind']}/{m['metadata']['name']}")
+    return found
+
+
 def _create_or_replace(api: kubernetes.client.ApiClient, m: dict, wait_s: float, replace: bool) -> str:
     core, batch = kubernetes.client.CoreV1Api(api), kubernetes.client.BatchV1Api(api)
     kind, name, ns = m["kind"], m["metadata"]["name"], m["metadata"].get("namespace")
@@ -102,12 +122,13 @@ def _create_or_replace(api: kubernetes.client.ApiClient, m: dict, wait_s: float,
     except ApiException as exc:
         if exc.status != 409:
             raise
+    if not replace:  # left by an earlier job of this name (a Job's TTL removes only the Job), or someone else's
+        raise EksError(f"{kind} {ns}/{name} already exists (from an earlier job of this name?): pass replace=True "
+                       "(CLI: --replace) to replace it, or choose another name")
     if kind == "ConfigMap":
         core.replace_namespaced_config_map(name, ns, m)
     elif kind == "Service":
         core.replace_namespaced_service(name, ns, m)
-    elif not replace:  # created by someone else since submit() looked
-        raise EksError(f"Job {ns}/{name} appeared while submitting; pass replace=True (CLI: --replace) to replace it")
     else:  # a Job's template is immutable: delete it with its pods, wait until it is gone, create again
         _delete_job(batch, name, ns, wait_s)
         create()
@@ -149,10 +170,16 @@ def submit(spec: JobSpec, cluster: str, region: str, dry_run: bool = True, *, re
     result = SubmitResult(manifests)
     if dry_run:
         return result
+    if spec.workload != "job":
+        raise EksError(f"submit: workload {spec.workload!r} is not submitted from here; apply it with kubectl apply -f "
+                       "(python -m nvrx_lab.eks render writes jobset-<mode>.yaml), or use workload='job'")
     with _cluster_api(cluster, region, spec.namespace, session, api_server) as api:
         if not replace and (what := _job_exists(kubernetes.client.BatchV1Api(api), spec)):
             raise EksError(f"Job {spec.namespace}/{spec.name} already exists ({what}): pass replace=True (CLI: --replace) "
                            "to delete it and its pods and start again from its checkpoints, or choose another name")
+        if not replace and (left := _existing(kubernetes.client.CoreV1Api(api), manifests)):
+            raise EksError(f"{' and '.join(left)} already exist in namespace {spec.namespace} (from an earlier job of this "
+                           "name?): pass replace=True (CLI: --replace) to replace them, or choose another name")
         for m in manifests:
             result.actions.append(_create_or_replace(api, m, wait_s=min(300.0, timeout_s), replace=replace))
         result.status = "submitted"

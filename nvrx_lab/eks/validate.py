@@ -5,7 +5,7 @@ standard-support version whose Jobs have ``podFailurePolicy`` and Indexed comple
 their *strict* form: an unknown or misspelt field is an error, not silently dropped by the API
 server. Unlike ``kubernetes_validate.validate``, which stops at the first problem, this collects
 every violation with its path, e.g. ``Job/llama-ft: spec.template.spec.containers.0.resources.limits:
-… is not valid``.
+… is not valid``. A JobSet is checked against its CRD's schema (:mod:`.crd`), as strictly.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from functools import cache
 import jsonschema
 from kubernetes_validate.utils import schema_contents
 from referencing import Registry, Resource
+
+from nvrx_lab.eks.crd import crd_violations, is_custom
 
 K8S_VERSION = "1.33"
 """Kubernetes version whose schemas the manifests must satisfy (shipped by kubernetes-validate)."""
@@ -52,6 +54,8 @@ def violations(manifest: dict, version: str = K8S_VERSION, strict: bool = True) 
     name = meta.get("name", "?") if isinstance(meta, dict) else "?"
     if not isinstance(kind, str) or not isinstance(api, str) or not kind or not api:
         return [f"{kind or '?'}/{name}: apiVersion and kind are required"]
+    if is_custom(kind, api):
+        return [f"{kind}/{name}: {v}" for v in crd_violations(manifest, version)]
     errors = _validator(kind, api, version, strict).iter_errors(manifest)
     return sorted(f"{kind}/{name}: {'.'.join(map(str, e.absolute_path)) or '(root)'}: {e.message}" for e in errors)
 

@@ -1,0 +1,138 @@
+"""Issue 33: the rendered 16-node manifests keep a real cluster's timing (rendezvous read/join, node loss, collective
+timeout), size /dev/shm from the training state, and carry the smaller fixes (flight recorder, no CPU quota, Pod
+Security, Kueue): read from the committed-style YAML, as a reviewer would."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+
+from nvrx_lab.eks import MODES, JobSpec, render
+from nvrx_lab.eks.render import find
+from nvrx_lab.eks.yamlio import manifest_files
+
+FILES16 = manifest_files(nodes=16)
+
+
+def _docs(name: str) -> list[dict]:
+    return [d for d in yaml.safe_load_all(FILES16[name]) if d]
+
+
+def _pod(docs: list[dict]) -> dict:
+    w = docs[-1]
+    if w["kind"] == "JobSet":
+        return w["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    return w["spec"]["template"]["spec"]
+
+
+def _flag(script: str, flag: str) -> str:
+    m = re.search(rf"^\s+{re.escape(flag)}=(\S+)", script, re.M)
+    assert m, f"{flag} not in the script"
+    return m.group(1).strip('"')
+
+
+JOB_FILES = [f for f in FILES16 if f.startswith("job")]
+
+
+@pytest.mark.parametrize("fname", JOB_FILES)
+def test_16_node_manifests_keep_a_real_clusters_timing(fname):
+    docs = _docs(fname)
+    pod = _pod(docs)
+    script = pod["containers"][0]["args"][2]
+    mode = docs[-1]["metadata"]["annotations"]["nvrx-lab/mode"]
+    conf = dict(kv.split("=") for kv in _flag(script, "--rdzv-conf").split(","))
+    if MODES[mode].uses_launcher:  # torch's c10d store client: 60 s read timeout unless set
+        assert int(conf["read_timeout"]) >= 600 and int(conf["join_timeout"]) >= 600, conf
+    else:  # torchrun's static store: how long a pod waits for index 0
+        assert int(conf["timeout"]) >= 600, conf
+        assert "exec python -m nvrx_lab.eks.torchrun" in script  # a worker's exit 2 stays 2 (test_eks_usage_error)
+    lost = {t["key"]: t for t in pod["tolerations"] if t["effect"] == "NoExecute"}
+    assert set(lost) == {"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"}
+    assert all(t["tolerationSeconds"] <= 60 for t in lost.values())
+    pg = float(_flag(script, "--pg-timeout"))
+    assert pg >= 600
+    cm = find(docs, "ConfigMap")
+    if cm:
+        sections = yaml.safe_load(cm[0]["data"]["launcher.yaml"])["section_timeouts"]
+        assert pg >= max(float(v.split("=")[1]) for v in sections.split(","))
+
+
+@pytest.mark.parametrize("fname", JOB_FILES)
+def test_16_node_manifests_smaller_items(fname):
+    pod = _pod(_docs(fname))
+    c = pod["containers"][0]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["TORCH_FR_BUFFER_SIZE"] == "2000" and env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert env["TORCH_FR_DUMP_TEMP_FILE"] == "$(RUN_DIR)/nccl-trace/rank_"  # on FSx, created by the script:
+    assert 'mkdir -p "${RUN_DIR}" "${RUN_DIR}/nccl-trace"' in c["args"][2]
+    assert "cpu" in c["resources"]["requests"] and "cpu" not in c["resources"]["limits"]  # no CFS quota
+    assert c["resources"]["limits"]["memory"] == c["resources"]["requests"]["memory"]
+    assert c["securityContext"]["capabilities"] == {"add": ["IPC_LOCK"]}
+    ns = _docs("namespace.yaml")[0]["metadata"]["labels"]
+    assert ns["pod-security.kubernetes.io/enforce"] == "privileged"  # IPC_LOCK is beyond baseline
+    assert ns["pod-security.kubernetes.io/warn"] == ns["pod-security.kubernetes.io/audit"] == "baseline"
+
+
+def test_flight_recorder_env_is_what_torch_reads():
+    """torch 2.13 reads TORCH_FR_BUFFER_SIZE / TORCH_FR_DUMP_TEMP_FILE (warning on the old TORCH_NCCL_TRACE_* name)."""
+    import torch
+
+    lib = __import__("pathlib").Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
+    data = lib.read_bytes()
+    assert b"TORCH_FR_BUFFER_SIZE" in data and b"TORCH_FR_DUMP_TEMP_FILE" in data
+    env = {e["name"] for e in find(render(JobSpec(name="a", image="i", nccl_trace_buffer=0)), "Job")[0]
+           ["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert not {"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT"} & env  # 0 = off
+
+
+def _volumes(s: JobSpec) -> dict:
+    return {v["name"]: v for v in find(render(s), "Job")[0]["spec"]["template"]["spec"]["volumes"]}
+
+
+def test_dev_shm_is_staging_plus_local_copies_from_the_state_per_gpu():
+    base = dict(name="a", image="i")  # p5: 8 GPUs, /dev/shm base 64 GiB (NCCL, dataloaders)
+    assert _volumes(JobSpec(**base))["shm"]["emptyDir"]["sizeLimit"] == "64Gi"
+    sync = JobSpec(**base, state_gib_per_gpu=10)  # a sync save writes the live tensors: no staging
+    assert sync.shm == 64 and _volumes(sync)["shm"]["emptyDir"]["sizeLimit"] == "64Gi"
+    staged = JobSpec(**base, state_gib_per_gpu=10, ckpt="async")  # one staging copy a GPU
+    assert staged.shm == 64 + 80
+    local = JobSpec(**base, state_gib_per_gpu=10, ckpt="async", local_ckpt_interval=5)  # + 2 own + 2 replicas a GPU
+    assert local.shm == 64 + 80 + 320 and _volumes(local)["shm"]["emptyDir"]["sizeLimit"] == "464Gi"
+    assert JobSpec(**base, local_ckpt_interval=5, local_ckpt_gib=48).shm == 64 + 48  # explicit, as before
+
+
+def test_local_checkpoints_on_the_nodes_nvme():
+    s = JobSpec(name="a", image="i", state_gib_per_gpu=40, ckpt="async", local_ckpt_interval=5, local_ckpt_on_nvme=True)
+    assert s.shm == 64 + 320  # staging stays in memory; the local copies (1280 GiB) go to disk
+    ms = render(s)
+    pod = find(ms, "Job")[0]["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert _volumes(s)["local-ckpt"]["emptyDir"] == {"sizeLimit": "1280Gi"}  # disk-backed: no medium
+    assert {"name": "local-ckpt", "mountPath": "/local-ckpt"} in c["volumeMounts"]
+    assert c["resources"]["requests"]["ephemeral-storage"] == c["resources"]["limits"]["ephemeral-storage"] == "1300Gi"
+    assert '--local-ckpt-dir="${LOCAL_CKPT_DIR}"' in c["args"][2]
+    assert {e["name"]: e.get("value") for e in c["env"]}["LOCAL_CKPT_DIR"] == "/local-ckpt"
+    with pytest.raises(ValueError, match="JobSpec.train_extra: '--local-ckpt-dir'"):
+        JobSpec(name="a", image="i", local_ckpt_interval=5, local_ckpt_gib=8, local_ckpt_on_nvme=True,
+                train_extra=("--local-ckpt-dir", "/x"))
+
+
+def test_pg_timeout_is_checked_against_the_section_timeouts():
+    assert JobSpec(name="a", image="i").pg_timeout >= 600
+    with pytest.raises(ValueError, match=r"JobSpec.pg_timeout: 700 s is shorter than the longest section timeout \(800 s\)"):
+        JobSpec(name="a", image="i", pg_timeout=700, section_timeouts={"checkpoint": 800})
+    assert JobSpec(name="a", image="i", mode="baseline", pg_timeout=120).pg_timeout == 120  # no sections without a launcher
+    script = find(render(JobSpec(name="a", image="i", pg_timeout=1200, section_timeouts={"checkpoint": 1200})), "Job")[0]
+    assert "--pg-timeout=1200 " in script["spec"]["template"]["spec"]["containers"][0]["args"][2]
+
+
+def test_kueue_queue_label_on_the_workload_only():
+    job = find(render(JobSpec(name="a", image="i", queue_name="p5-queue")), "Job")[0]
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "p5-queue"
+    assert "kueue.x-k8s.io/queue-name" not in job["spec"]["template"]["metadata"]["labels"]
+    js = find(render(JobSpec(name="a", image="i", queue_name="p5-queue", workload="jobset")), "JobSet")[0]
+    assert js["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "p5-queue"  # Kueue admits the JobSet, not its child
+    assert "kueue.x-k8s.io/queue-name" not in js["spec"]["replicatedJobs"][0]["template"]["metadata"]["labels"]
+    assert "kueue.x-k8s.io/queue-name" not in find(render(JobSpec(name="a", image="i")), "Job")[0]["metadata"]["labels"]

@@ -1,0 +1,52 @@
+"""Exit codes mean the same in every mode: a real trainer's usage error (``--dim 32 --n-heads 3``) fails the Job after
+one pod attempt, under torchrun (through :mod:`nvrx_lab.eks.torchrun`) as under the launcher, with the trainer's
+one-line error in the pod log; any other worker failure keeps torchrun's own exit code."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from nvrx_lab.eks import MODES, JobSpec, local_run, render
+
+BAD = ("--seq-len", "16", "--dim", "32", "--n-layers", "1", "--n-heads", "3", "--hidden-dim", "64")
+TRAINER_ERROR = "error: --dim 32 / --n-heads 3 must give an even head size"
+
+
+# Every mode as an Indexed Job; as a JobSet (whose rules do not depend on the mode) one torchrun and one launcher mode.
+CASES = [(m, "job") for m in MODES] + [("baseline", "jobset"), ("ft_launcher", "jobset")]
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("mode, workload", CASES)
+def test_a_trainer_usage_error_fails_the_job_after_one_attempt(mode, workload, tmp_path):
+    s = JobSpec(name="bad", image="i", nodes=2, mode=mode, workload=workload, steps=4, global_batch=16,
+                ckpt_interval=3, train_extra=BAD)
+    assert s.backoff >= 6  # it would have been retried: a usage error must not count against backoffLimit
+    run = local_run(render(s), workdir=tmp_path, timeout_s=120)
+    logs = "\n".join(run.log(p.index) for p in run.pods)
+    assert run.status == "Failed", f"{run.status}\n{logs[-3000:]}"
+    assert run.failures == 0 and run.group_restarts == 0  # the FailJob rule, not backoffLimit or maxRestarts
+    assert all(len(p.logs) == 1 for p in run.pods), [p.returncodes for p in run.pods]  # one attempt per pod
+    assert 2 in [c for p in run.pods for c in p.returncodes]
+    assert TRAINER_ERROR in logs
+    if not MODES[mode].uses_launcher:
+        assert re.search(r"nvrx_lab.eks.torchrun: worker rank\(s\) \d exited 2", logs), logs[-3000:]
+
+
+def _torchrun(*worker: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nvrx_lab.eks.torchrun", "--standalone", "--nproc-per-node", "1",
+                           "--no-python", *worker], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.timeout(150)
+def test_the_torchrun_wrapper_changes_exit_2_only():
+    usage = _torchrun("/bin/sh", "-c", "echo 'error: bad flag' >&2; exit 2")
+    assert usage.returncode == 2 and "error: bad flag" in usage.stderr
+    assert usage.stderr.rstrip().endswith("exit 2, so the Job fails without a retry")
+    other = _torchrun("/bin/sh", "-c", "exit 3")
+    assert other.returncode == 1 and "ChildFailedError" in other.stderr  # torchrun's own outcome, traceback and all
+    assert _torchrun("/bin/sh", "-c", "exit 0").returncode == 0
