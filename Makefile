@@ -34,7 +34,7 @@ workbook: $(STAMP)
 	@failed=""; \
 	for nb in $(NOTEBOOKS); do \
 		echo "== $$nb"; \
-		NVRX_LAB_SMOKE=$(SMOKE) $(VENV)/bin/papermill --cwd "$$(dirname "$$nb")" -k python3 --log-level WARNING \
+		NVRX_LAB_SMOKE=$(SMOKE) $(PY) -m nvrx_lab.papermill_engine --cwd "$$(dirname "$$nb")" -k python3 --log-level WARNING \
 			"$$nb" "$(BUILD)/notebooks/$$(basename "$$nb")" || { echo "!! $$nb failed"; failed="$$failed $$nb"; }; \
 	done; \
 	report=ok; $(PY) -m nvrx_lab.report --build $(BUILD) || report=failed; \

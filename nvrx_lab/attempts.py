@@ -21,6 +21,7 @@ from nvrx_lab.config import TrainConfig
 from nvrx_lab.dist import DistContext, env_rank, init_distributed, join_group_threads, pick_device, shutdown
 from nvrx_lab.events import EventLog
 from nvrx_lab.hooks import ComposeHooks, Hooks
+from nvrx_lab.resume import Recovering
 
 Body = Callable[[DistContext, object, Hooks], dict]
 
@@ -28,6 +29,8 @@ Body = Callable[[DistContext, object, Hooks], dict]
 def run_plain(cfg: TrainConfig, events: EventLog, hooks: Hooks, body: Body) -> dict:
     """One attempt; the process group and checkpointer live as long as it does."""
     ctx = init_distributed(cfg.device, cfg.pg_timeout)
+    ctx.first_start = layers.launcher_restart_count() == 0
+    ctx.recovering = layers.launcher_recovering()
     checkpointer = layers.make_checkpointer(cfg, ctx, events)
     clean = False
     try:
@@ -84,7 +87,11 @@ def run_inprocess(cfg: TrainConfig, events: EventLog, hooks: Hooks, body: Body) 
         else:
             cw.init_process_group(backend="gloo")
         cw.ping()  # joining the group is progress: the soft timeout counts from here
-        ctx = DistContext(cw.rank, cw.world_size, local_rank, device, dist.group.WORLD)
+        restart = cw.last_restart
+        ctx = DistContext(cw.rank, cw.world_size, local_rank, device, dist.group.WORLD,
+                          first_start=restart is None and layers.launcher_restart_count() == 0,
+                          recovering=None if restart is None or restart.t_fault is None else
+                          Recovering(restart.t_fault, restart.fault_rank, restart.cause))
         if "ckpt" not in persistent:
             persistent["ckpt"] = layers.make_checkpointer(cfg, ctx, events)
         elif persistent["ckpt"] is not None:

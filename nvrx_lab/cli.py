@@ -2,6 +2,11 @@
 
 The dataclass stays the single source of truth (the style of torchtitan's job config): a field
 ``ckpt_interval: int = 10`` followed by a docstring becomes ``--ckpt-interval N`` with that help.
+
+Every nvrx_lab command line parses with :class:`Parser`: argparse without abbreviations (``--ckpt-di``
+is never taken for ``--ckpt-dir``, nor ``--name`` for ``--namespace``) and a usage error in one line,
+``error: argument --steps: expected an integer, got 'ten' (see python -m nvrx_lab.train --help)``, exit
+code 2; the full usage only on ``--help``.
 """
 
 from __future__ import annotations
@@ -9,12 +14,58 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import difflib
 import inspect
+import os
+import re
+import stat
 import textwrap
 import typing
-from typing import Any, Literal, TypeVar
+from pathlib import Path
+from typing import Any, Literal, NoReturn, TypeVar
 
 T = TypeVar("T")
+
+_KINDS = {"int": "an integer", "float": "a number"}
+
+
+class Parser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` with ``allow_abbrev=False`` and one-line usage errors (exit 2).
+
+    A parser built elsewhere (``torch.distributed.run``'s) joins as a parent:
+    ``Parser(prog=..., parents=[get_args_parser()], add_help=False)``."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        parsed, extras = super().parse_known_args(args, namespace)
+        self._extras = extras  # what parse_args then calls unrecognized: close matches are suggested
+        return parsed, extras
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {self._explain(message)} (see {self.prog} --help)\n")
+
+    def _near(self, word: str) -> tuple[list[str], bool]:
+        """The flags ``word`` abbreviates (and True), else the one it looks most like, a typo (and False)."""
+        longs = [[o for o in a.option_strings if o.startswith("--")] for a in self._actions]
+        longer = [next(o for o in names if o.startswith(word)) for names in longs if any(o.startswith(word) for o in names)]
+        if longer:
+            return longer[:3], True
+        return difflib.get_close_matches(word, [o for names in longs for o in names], n=1, cutoff=0.75), False
+
+    def _explain(self, message: str) -> str:
+        message = " ".join(message.split())
+        if bad := re.fullmatch(r"(argument \S+: )invalid (\w+) value: (.*)", message):  # a type's ValueError
+            return f"{bad[1]}expected {_KINDS[bad[2]]}, got {bad[3]}" if bad[2] in _KINDS else f"{bad[1]}bad value {bad[3]}"
+        if message.startswith("unrecognized arguments:"):
+            for word in (w.split("=")[0] for w in getattr(self, "_extras", []) if w.startswith("--")):
+                near, abbreviated = self._near(word)
+                if near:
+                    why = "flags are never abbreviated: " if abbreviated else ""
+                    return f"{message}; {why}did you mean {' or '.join(near)}?"
+        return message
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -70,6 +121,36 @@ def dataclass_from_args(cls: type[T], args: argparse.Namespace) -> T:
 
 
 def parse_dataclass(cls: type[T], argv: list[str] | None = None, prog: str | None = None, description: str | None = None) -> T:
-    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser = Parser(prog=prog, description=description)
     add_dataclass_args(parser, cls)
     return dataclass_from_args(cls, parser.parse_args(argv))
+
+
+def check_writable(path: str | os.PathLike, flag: str, folder: bool = False) -> None:
+    """Raise ``ValueError`` (``flag path: why; what to do``) unless ``path`` can be written, or created with its
+    missing parents. A file's folder must be writable too: its writer puts files beside it (``.part`` files
+    renamed into place, ``run.json``). Asked with ``access(2)``, so nothing is written: the kernel's answer
+    for this user, root and read-only mounts included."""
+    shown, path = path, Path(os.path.abspath(path))
+    if os.path.exists(path) and os.path.isdir(path) != folder:
+        raise ValueError(f"{flag} {shown} is a {'file' if folder else 'folder'}; pass a {'folder' if folder else 'file path'}")
+    if not folder and os.path.exists(path) and not os.access(path, os.W_OK):
+        raise ValueError(f"{flag} {shown}: {_denied(path)}; pass a path you can write, or make it writable")
+    where = path if folder else path.parent
+    while not os.path.lexists(where):  # the nearest existing folder is where the missing ones would be made
+        where = where.parent
+    if not os.path.isdir(where):
+        raise ValueError(f"{flag} {shown} cannot be created: {where} is a file, not a folder; pass a path under a "
+                         "folder, or move that file away")
+    if not os.access(where, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {shown} cannot be written: {_denied(where)}; pass a {'folder' if folder else 'path'} "
+                         f"you can write to, or make {where} writable")
+
+
+def _denied(path: Path) -> str:
+    """Why this user cannot write ``path``, in a few words."""
+    if os.statvfs(path).f_flag & os.ST_RDONLY:
+        return f"{path} is on a read-only file system"
+    st = path.stat()
+    return (f"{path} is not writable by uid {os.getuid()} (mode {stat.S_IMODE(st.st_mode):04o}, "
+            f"owner uid {st.st_uid})")

@@ -39,6 +39,10 @@ class TrainConfig(ModelConfig):
     """Names the run: a launch with the run id of the run recorded beside the checkpoints (or metrics)
     continues it even before its first checkpoint (a Kubernetes pod restart); empty: a launch that
     resumes no checkpoint is a new run (nvrx_lab.runs)."""
+    fresh: bool = False
+    """Start a new run even where --ckpt-dir holds a run's checkpoints: they are removed first, and its faults fire
+    again (this launch only: the launcher's restarts continue the run it starts). Without it a launch onto a
+    folder with committed checkpoints continues that run (nvrx_lab.runs)."""
     metrics: str = ""
     """Event stream (JSON lines: steps, saves, faults, restarts); empty = none."""
     log_every: int = 5

@@ -26,6 +26,10 @@ class DistContext:
     device: torch.device
     cpu_group: dist.ProcessGroup | None
     """Gloo group for CPU-side collectives (the default group itself on CPU)."""
+    first_start: bool = True
+    """The first attempt of this launch (no launcher restart, no in-process restart before it)."""
+    recovering: object = None
+    """What the restart layer saw of the fault this attempt recovers from (:class:`nvrx_lab.resume.Recovering`)."""
 
 
 def pick_device(device: str = "auto", local_rank: int = 0) -> torch.device:
@@ -117,3 +121,18 @@ def join_group_threads() -> None:
         if isinstance(registry, dict):
             registry.clear()
     gc.collect()
+
+
+PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Connection refused",
+             "NCCL communicator was aborted", "remote process exited or there was a network error")
+"""What a collective raises on the survivors when a peer process dies (gloo's and NCCL's wording)."""
+
+
+def peer_lost(error: BaseException) -> str | None:
+    """The line that says a collective failed because a peer is gone (``None``: some other error). Such an
+    error is the consequence of a fault elsewhere, not a fault: a launcher restarts the group either way."""
+    text = str(error)
+    if isinstance(error, RuntimeError) and any(p in text for p in PEER_LOST):
+        first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
+        return f"a peer is gone ({first[:160]}): this rank stops too, for the restart"
+    return None

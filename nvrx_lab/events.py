@@ -41,6 +41,7 @@ class EventLog:
             self._finalizer = weakref.finalize(self, os.close, self._fd)
 
     def emit(self, kind: str, **fields: Any) -> None:
+        """Append one event; ``t`` defaults to now (a caller that recorded the moment elsewhere passes it)."""
         if self._fd is None:
             return
         event = {"t": time.time(), "kind": kind, "rank": self.rank, **fields}
@@ -75,6 +76,25 @@ def last_run(events: list[dict]) -> list[dict]:
         runs[-1].append(e)
         seen.add(e.get("rank"))
     return runs[-1]
+
+
+def last_launch(events: list[dict]) -> list[dict]:
+    """The events of the newest launch: what one command started, the launcher's restarts included.
+
+    A launch begins with ``start`` events of ``restart_count`` 0 (a launcher's restarts count up, an
+    in-process restart emits none), one per rank; such an event from a rank already seen opens the next
+    launch. A launch that continues a run (a relaunch onto its checkpoints) is a launch of its own here,
+    and part of that run in :func:`last_run`."""
+    launches: list[list[dict]] = [[]]
+    seen: set = set()
+    for e in events:
+        if e.get("kind") == "start" and not e.get("restart_count") and e.get("rank") in seen:
+            launches.append([])
+            seen = set()
+        launches[-1].append(e)
+        if e.get("kind") == "start":
+            seen.add(e.get("rank"))
+    return launches[-1]
 
 
 def iter_events(path: str | os.PathLike, kind: str | None = None) -> Iterator[dict]:

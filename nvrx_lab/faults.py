@@ -158,6 +158,21 @@ def make_schedule(count: int, world_size: int, steps: int, seed: int = 0, first_
     return [Fault(rng.choice(ranks), s, kinds[i % len(kinds)]) for i, s in enumerate(at)]
 
 
+def fired_faults(state_file: str | os.PathLike | None) -> list[dict]:
+    """The faults a run fired so far, oldest first: ``{"id", "t"}`` (and ``kind``, ``rank``, ``step``)."""
+    if not state_file or not Path(state_file).exists():
+        return []
+    fired = []
+    for line in Path(state_file).read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line torn by a kill mid-write
+        if isinstance(entry, dict) and "id" in entry:
+            fired.append(entry)
+    return fired
+
+
 class FaultInjector:
     """Call with the step about to run (or ``during(phase, step)`` for a save or a load); fires
     this rank's scheduled fault for that step and phase once."""
@@ -170,25 +185,22 @@ class FaultInjector:
         self._fired_here: set[str] = set()
 
     def fired(self) -> set[str]:
-        ids = set(self._fired_here)
-        if self.state_file and self.state_file.exists():
-            for line in self.state_file.read_text().splitlines():
-                try:
-                    ids.add(json.loads(line)["id"])
-                except (json.JSONDecodeError, KeyError):
-                    continue
-        return ids
+        return set(self._fired_here) | {f["id"] for f in fired_faults(self.state_file)}
 
-    def _record(self, fault: Fault) -> None:
+    def _record(self, fault: Fault) -> float:
+        """Remember ``fault`` as fired (before it acts); returns the moment, the fault event's ``t``."""
+        t = time.time()
         self._fired_here.add(fault.id)
         if self.state_file:
             self.state_file.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.state_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
-                os.write(fd, (json.dumps({"id": fault.id, "t": time.time()}) + "\n").encode())
+                os.write(fd, (json.dumps({"id": fault.id, "t": t, "kind": fault.kind, "rank": fault.rank,
+                                          "step": fault.step}) + "\n").encode())
                 os.fsync(fd)
             finally:
                 os.close(fd)
+        return t
 
     def __call__(self, step: int) -> None:
         self.during("step", step)
@@ -197,9 +209,9 @@ class FaultInjector:
         fault = self.mine.get((phase, step))
         if fault is None or fault.id in self.fired():
             return
-        self._record(fault)
+        t = self._record(fault)
         if self.emit:
-            self.emit("fault", step=step, fault=fault.kind, target=fault.rank, phase=phase,
+            self.emit("fault", t=t, step=step, fault=fault.kind, target=fault.rank, phase=phase,
                       **({"factor": fault.factor} if fault.kind == "slow" else {}))
         where = f"step {step}" if phase == "step" else f"the {phase} of step {step}"
         print(f"[rank {self.rank}] FAULT injected: {fault.kind} in {where} ({fault.id})", file=sys.stderr, flush=True)

@@ -17,7 +17,9 @@ Definitions (the write-up's, made exact):
 * **infrastructure goodput** = time the job is up and able to train / wall time, i.e. wall time
   less start-up and every recovery
 * **recovery time** of a fault = from the fault to the start of the next completed step; a step before
-  the faulty one that rank 0 completes just after another rank's fault was not stopped by it
+  the faulty one that rank 0 completes just after another rank's fault was not stopped by it. The trainer
+  says the same figure when it trains again (a ``recovered`` event and its RESUME line,
+  :mod:`nvrx_lab.resume`); where that event exists its moment of training again is used, so the two agree
 * **rollback** = steps completed before the fault that had to be redone
 * **freshness** = fault step − newest committed checkpoint step at the moment of the fault
 * **time lost to a slow rank** = over the steps after the first ``slow`` fault, the step time beyond
@@ -89,7 +91,7 @@ def analyze(events: list[dict], ideal_step_s: float | None = None, t_start: floa
     steps = [e for e in events if e["kind"] == "step"]
     t0 = events[0]["t"] if t_start is None else t_start
     t1 = events[-1]["t"] if t_end is None else t_end
-    wall = max(t1 - t0, 1e-9)
+    wall = max(t1 - t0 - idle_between_launches(events), 1e-9)
     slow = [e for e in events if e["kind"] == "fault" and e.get("fault") == "slow"]
     before_slow = [e["step_time"] for e in steps if slow and e["t"] < slow[0]["t"]]
     if ideal_step_s is None and len(before_slow) >= 3:
@@ -99,6 +101,7 @@ def analyze(events: list[dict], ideal_step_s: float | None = None, t_start: floa
     final_step = max((e["step"] for e in steps), default=0)
     startup = (steps[0]["t"] - steps[0]["step_time"] - t0) if steps else wall
     commits = [e for e in events if e["kind"] == "ckpt_commit"]
+    trained_again = sorted(e["fault_t"] + e["recovery_s"] for e in events if e["kind"] == "recovered")
     faults = []
     for f in (e for e in events if e["kind"] == "fault" and e.get("fault") != "slow"):
         before = [s for s in steps if s["t"] <= f["t"]]
@@ -108,18 +111,53 @@ def analyze(events: list[dict], ideal_step_s: float | None = None, t_start: floa
             done = after.pop(0)["step"]
         committed = [c["step"] for c in commits if c["t"] <= f["t"]]
         nxt = after[0] if after else None
+        again = next((t for t in trained_again if t > f["t"]), None)  # what the trainer said, if it did
+        if nxt is not None and again is None:
+            again = nxt["t"] - nxt["step_time"]
         faults.append(FaultRecord(
             t=f["t"], rank=f["rank"], step=f["step"], kind=f["fault"],
-            recovery_s=(nxt["t"] - nxt["step_time"] - f["t"]) if nxt else None,
+            recovery_s=(again - f["t"]) if nxt else None,
             rollback_steps=max(0, done - (nxt["step"] - 1)) if nxt else 0,
             freshness_steps=(f["step"] - max(committed)) if committed else None))
     downtime = startup + sum(f.recovery_s if f.recovery_s is not None else t1 - f.t for f in faults)
-    causes = Counter(e.get("cause") or e.get("reason") or "unknown" for e in events
-                     if e["kind"] in ("restart", "launcher_failure", "pod_restart"))
+    causes = Counter(restart_causes(events).values())
     return GoodputReport(wall_s=wall, final_step=final_step, ideal_step_s=ideal, startup_s=startup,
                          training_goodput=final_step * ideal / wall,
                          infrastructure_goodput=max(0.0, 1.0 - downtime / wall),
                          faults=faults, causes=dict(causes), slow_lost_s=slow_lost)
+
+
+def idle_between_launches(events: list[dict]) -> float:
+    """Seconds between the launches of one run that no restart explains: a launch that ended without a
+    ``pod_restart`` (a person relaunching later) leaves the job idle, not down, until the next one starts."""
+    idle, last, explained, seen = 0.0, None, False, set()
+    for e in events:
+        if e["kind"] == "start" and not e.get("restart_count") and e.get("rank") in seen:
+            if last is not None and not explained:
+                idle += max(0.0, e["t"] - last)
+            seen, explained = set(), False
+        if e["kind"] == "start":
+            seen.add(e.get("rank"))
+        explained = explained or e["kind"] == "pod_restart"
+        last = e["t"]
+    return idle
+
+
+def restart_causes(events: list[dict]) -> dict[tuple, str]:
+    """One cause per restart, however many ranks reported it: an in-process restart by its fault report
+    (every rank emits one), a launcher restart by its number (its likely cause first), a pod restart each."""
+    causes: dict[tuple, str] = {}
+    for e in events:
+        if e["kind"] == "restart":
+            key = ("inprocess", e.get("t_fault"), e.get("iteration"))
+        elif e["kind"] == "launcher_failure":
+            key = ("launcher", e.get("restart_count"), e.get("action"))
+        elif e["kind"] == "pod_restart":
+            key = ("pod", e["t"])
+        else:
+            continue
+        causes.setdefault(key, e.get("cause") or e.get("reason") or "unknown")
+    return causes
 
 
 def format_report(report: GoodputReport, title: str = "") -> str:

@@ -23,17 +23,20 @@ import os
 from pathlib import Path
 
 from nvrx_lab import runs
+from nvrx_lab.cli import check_writable
 from nvrx_lab.config import TrainConfig, check_config
 from nvrx_lab.dist import DistContext
 from nvrx_lab.events import EventLog
 from nvrx_lab.faults import FaultInjector, parse_schedule
 from nvrx_lab.hooks import ComposeHooks, Hooks
-from nvrx_lab.runs import RUN_FILE
+from nvrx_lab.runs import FAULTS_FIRED, PROGRESS, RUN_FILE, fault_state_file
 
 
 def check_flags(cfg: TrainConfig, world_size: int = 1) -> None:
     """Flag combinations that cannot work, rejected before any process group or file is touched."""
     check_config(cfg, world_size)
+    if cfg.metrics:
+        check_writable(cfg.metrics, "--metrics")  # run.json and the fired-faults file go beside it
     if cfg.ckpt != "none":
         if not cfg.ckpt_dir:
             raise ValueError(f"--ckpt {cfg.ckpt} needs --ckpt-dir DIR (a folder shared by all ranks)")
@@ -99,18 +102,22 @@ def check_local(cfg: TrainConfig) -> None:
     if cfg.local_ckpt_interval and Path(cfg.local_ckpt_dir).is_file():
         raise ValueError(f"--local-ckpt-dir {cfg.local_ckpt_dir} is a file; pass a folder in node memory "
                          "(e.g. /dev/shm/nvrx_lab_local; it is created if missing)")
+    if cfg.local_ckpt_interval and "{node}" not in cfg.local_ckpt_dir:
+        check_writable(Path(cfg.local_ckpt_dir), "--local-ckpt-dir", folder=True)
 
 
 def check_ckpt_dir(path: Path) -> None:
-    """Refuse a folder that holds something else than our checkpoints: saving into it would mix them
+    """Refuse a folder this user cannot write or create (rank 0 writes ``run.json`` there before the first
+    save), and one that holds something else than our checkpoints: saving into it would mix them
     (a missing or empty folder starts a new run; one with committed steps resumes). A ``step_*``
     folder without our manifest is not ours either (e.g. a plain ``dcp.save``): a commit of that step
     would replace it."""
     from nvrx_lab.checkpoint.commit import STEP_RE, committed_steps, foreign_entries
 
+    check_writable(path, "--ckpt-dir", folder=True)
     if not path.is_dir() or committed_steps(path):
         return
-    ours = {FAULTS_FIRED, RUN_FILE}
+    ours = {FAULTS_FIRED, RUN_FILE, PROGRESS}
     foreign = [name for name in foreign_entries(path) if name not in ours]
     foreign += sorted(f"{p.name}/ (not committed: no nvrx_commit.json)" for p in path.iterdir() if STEP_RE.match(p.name))
     if foreign:
@@ -141,6 +148,7 @@ def make_checkpointer(cfg: TrainConfig, ctx: DistContext, events: EventLog):
     # The writer process is spawned now (async only), so its start-up overlaps building the model.
     storage = AsyncCheckpointer(cfg.ckpt_dir, keep_last=cfg.ckpt_keep, write_bandwidth=cfg.ckpt_write_bandwidth,
                                 process_group=ctx.cpu_group, emit=events.emit, start_writer=cfg.ckpt == "async",
+                                announce=False,  # the trainer says where it resumed (nvrx_lab.resume)
                                 writer_priority=writer_priority(cfg))
     if not cfg.local_ckpt_interval:
         return storage
@@ -159,18 +167,6 @@ def local_ckpt_dir(cfg: TrainConfig) -> Path:
     one machine then keep separate memories."""
     key = hashlib.sha1(str(Path(cfg.ckpt_dir).resolve()).encode()).hexdigest()[:12]
     return Path(cfg.local_ckpt_dir.replace("{node}", os.environ.get("GROUP_RANK", "0"))) / key
-
-
-FAULTS_FIRED = "faults_fired.jsonl"
-
-
-def fault_state_file(cfg: TrainConfig) -> Path | None:
-    """Where fired faults are remembered across restarts: beside the checkpoints, else beside the metrics."""
-    if cfg.ckpt_dir:
-        return Path(cfg.ckpt_dir) / FAULTS_FIRED
-    if cfg.metrics:
-        return Path(cfg.metrics).with_suffix(".faults.jsonl")
-    return None
 
 
 class FaultHooks(Hooks):
@@ -278,3 +274,14 @@ def health_checks(hooks: Hooks) -> list:
 
 def launcher_restart_count() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+
+
+def launcher_recovering():
+    """The failure the launcher restarted these workers for (:meth:`RankMonitorClient.last_failure`), if any."""
+    if launcher_restart_count() == 0:
+        return None
+    from nvrx_lab.launcher import RankMonitorClient
+    from nvrx_lab.resume import Recovering
+
+    failure = RankMonitorClient.last_failure()
+    return Recovering(failure["t"], failure["rank"], failure["cause"]) if failure else None

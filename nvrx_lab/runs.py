@@ -2,8 +2,10 @@
 
 A launch continues a run when it is a restart of it: the launcher's (``TORCHELASTIC_RESTART_COUNT`` > 0;
 an in-process restart never comes back here), a new launch onto a checkpoint folder that holds committed
-steps, or a launch with the ``--run-id`` the run was started with (a Kubernetes pod restart: the
-manifests and the goodput bench's pod-restart baseline pass the job's name). Anything else is a **new
+steps (the same command again continues the run, and says "nothing to train" once it is done), or a
+launch with the ``--run-id`` the run was started with (a Kubernetes pod restart: the manifests and the
+goodput bench's pod-restart baseline pass the job's name). ``--fresh`` makes a first launch a new run even
+there: rank 0 removes the folder's committed checkpoints first, saying so. Anything else is a **new
 run**, and then:
 
 * its events start a new segment of the ``--metrics`` file: every ``start`` event says ``new_run``,
@@ -27,6 +29,27 @@ if TYPE_CHECKING:
     from nvrx_lab.config import TrainConfig
 
 RUN_FILE = "run.json"
+FAULTS_FIRED = "faults_fired.jsonl"
+PROGRESS = "progress"
+
+
+def progress_file(cfg: TrainConfig) -> Path | None:
+    """Where rank 0 marks the newest step reached (:class:`nvrx_lab.resume.ProgressMarker`): beside the
+    checkpoints, else beside the metrics."""
+    if cfg.ckpt != "none" and cfg.ckpt_dir:
+        return Path(cfg.ckpt_dir) / PROGRESS
+    return Path(cfg.metrics).with_suffix(".progress") if cfg.metrics else None
+
+
+def fault_state_file(cfg: TrainConfig) -> Path | None:
+    """Where fired faults are remembered across restarts: beside the checkpoints, else beside the metrics."""
+    if cfg.ckpt_dir:
+        return Path(cfg.ckpt_dir) / FAULTS_FIRED
+    if cfg.metrics:
+        return Path(cfg.metrics).with_suffix(".faults.jsonl")
+    return None
+
+
 IDENTITY = ("seed", "vocab_size", "seq_len", "global_batch", "dim", "n_layers", "n_heads", "hidden_dim",
             "tie_embeddings", "rope_theta", "norm_eps")
 """Flags a resumed run must keep: the checkpointed state and the token stream depend on them."""
@@ -68,14 +91,19 @@ def check_resume(cfg: TrainConfig) -> None:
                          "resume with the run's values, or pass a new --ckpt-dir (or --metrics)")
 
 
-def begin(cfg: TrainConfig, rank: int, restart_count: int, fault_file: Path | None) -> bool:
-    """Check a continuation and, for a new run, reset what an earlier run left; returns ``new_run``."""
-    new_run = is_new_run(cfg, restart_count)
+def begin(cfg: TrainConfig, rank: int, restart_count: int, run_files: list[Path | None]) -> bool:
+    """Check a continuation and, for a new run, reset what an earlier run left (``run_files``: the fired
+    faults, the progress marker); returns ``new_run``."""
+    fresh = cfg.fresh and restart_count == 0
+    new_run = fresh or is_new_run(cfg, restart_count)
     if not new_run:
         check_resume(cfg)
     elif rank == 0:
-        if fault_file is not None:
-            fault_file.unlink(missing_ok=True)
+        if fresh and cfg.ckpt != "none" and cfg.ckpt_dir:
+            discard_run(Path(cfg.ckpt_dir))
+        for path in run_files:
+            if path is not None:
+                path.unlink(missing_ok=True)
         if (path := run_file(cfg)) is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             part = path.with_name(path.name + f".{os.getpid()}.part")
@@ -83,3 +111,16 @@ def begin(cfg: TrainConfig, rank: int, restart_count: int, fault_file: Path | No
             part.write_text(json.dumps({"run_id": cfg.run_id, "nonce": uuid.uuid4().hex, **identity(cfg)}))
             os.replace(part, path)
     return new_run
+
+
+def discard_run(folder: Path) -> list[int]:
+    """``--fresh``: remove the committed checkpoints of the run in ``folder`` (one console line); returns their steps."""
+    from nvrx_lab.checkpoint.commit import committed_steps, discard, step_dir
+
+    steps = committed_steps(folder)
+    for step in steps:
+        discard(step_dir(folder, step))
+    if steps:
+        print(f"[nvrx_lab] --fresh: removed the {len(steps)} committed checkpoint{'s' if len(steps) > 1 else ''} of the "
+              f"previous run in {folder} (step{'s' if len(steps) > 1 else ''} {', '.join(map(str, steps))})", flush=True)
+    return steps

@@ -34,11 +34,12 @@ from nvrx_lab.checkpoint import CheckpointError
 from nvrx_lab.cli import parse_dataclass
 from nvrx_lab.config import TrainConfig, check_config, model_config
 from nvrx_lab.data import SyntheticTokens
-from nvrx_lab.dist import DistContext, device_mesh, env_rank
-from nvrx_lab.events import EventLog, read_events
+from nvrx_lab.dist import DistContext, device_mesh, env_rank, peer_lost
+from nvrx_lab.events import EventLog, last_launch, read_events
 from nvrx_lab.goodput import analyze
 from nvrx_lab.hooks import ComposeHooks, Hooks
 from nvrx_lab.model import Transformer
+from nvrx_lab.resume import PREFIX, ProgressMarker, resume, start_line, starting, wait_for_writer
 
 __all__ = ["TrainConfig", "TrainState", "build_model", "main", "train"]
 
@@ -106,7 +107,8 @@ def train(cfg: TrainConfig, ctx: DistContext, events: EventLog, checkpointer=Non
 
     ``checkpointer`` follows :class:`nvrx_lab.checkpoint.AsyncCheckpointer`'s API: the attempt resumes
     from its ``latest_step()`` and saves every ``cfg.ckpt_interval`` steps (``cfg.ckpt`` sync or async).
-    ``hooks`` (:class:`nvrx_lab.hooks.Hooks`) hear of every moment of the attempt.
+    ``hooks`` (:class:`nvrx_lab.hooks.Hooks`) hear of every moment of the attempt. Rank 0 says where the
+    attempt starts from in one console line (:mod:`nvrx_lab.resume`).
     """
     hooks = ComposeHooks(hooks)
     check_config(cfg, ctx.world_size)
@@ -115,30 +117,43 @@ def train(cfg: TrainConfig, ctx: DistContext, events: EventLog, checkpointer=Non
     data = SyntheticTokens(cfg.vocab_size, cfg.seq_len, cfg.global_batch, seed=cfg.seed)
     state = TrainState(model, optimizer, data, hooks)
     hooks.progress()
-    if checkpointer is not None:
-        resumed = resume(state, checkpointer, ctx, events, hooks)
-        if cfg.ckpt == "async" and cfg.ckpt_wait_writer and not resumed:  # a restart trains while its writer starts
-            wait_for_writer(checkpointer, hooks)
+    restored = resume(state, checkpointer, ctx, events, hooks) if checkpointer is not None else None
+    start = starting(cfg, ctx, restored)
+    if start is not None and (line := start.before_training()):
+        print(f"{PREFIX} {line}", flush=True)
+    if cfg.ckpt == "async" and cfg.ckpt_wait_writer and restored is None:  # a restart trains while its writer starts
+        wait_for_writer(checkpointer, hooks)
     start_line(ctx, hooks)
+    marker = ProgressMarker(path) if ctx.rank == 0 and (path := runs.progress_file(cfg)) else None
     losses: list[float] = []
-    while state.step < cfg.steps:
-        step = state.step + 1
-        hooks.before_step(step)
-        losses.append(train_step(cfg, ctx, events, state, step))
-        hooks.after_step(step)
-        hooks.progress()
-        if checkpointer is not None:
-            if cfg.ckpt == "async" and len(losses) == 1:  # the optimizer has its state now
-                checkpointer.prepare(state.state_dict())  # the first save then blocks no longer than the later ones
-            checkpoint_step(cfg, ctx, state, checkpointer, hooks)
+    try:
+        while state.step < cfg.steps:
+            step = state.step + 1
+            hooks.before_step(step)
+            loss, began = train_step(cfg, ctx, events, state, step, marker)
+            losses.append(loss)
+            if len(losses) == 1 and start is not None and (said := start.after_first_step(began)):
+                print(f"{PREFIX} {said[0]}", flush=True)
+                events.emit("recovered", step=step, **said[1])
+            hooks.after_step(step)
+            hooks.progress()
+            if checkpointer is not None:
+                if cfg.ckpt == "async" and len(losses) == 1:  # the optimizer has its state now
+                    checkpointer.prepare(state.state_dict())  # the first save then blocks no longer than the later ones
+                checkpoint_step(cfg, ctx, state, checkpointer, hooks)
+    finally:
+        if marker is not None:
+            marker.close()
     if checkpointer is not None:
         with hooks.section("checkpoint_finalize"):
             checkpointer.finalize_async_save(blocking=True)
     return {"steps": state.step, "losses": losses, "world_size": ctx.world_size}
 
 
-def train_step(cfg: TrainConfig, ctx: DistContext, events: EventLog, state: TrainState, step: int) -> float:
-    """Forward, backward, optimizer step, and the loss averaged over ranks (rank 0 logs it)."""
+def train_step(cfg: TrainConfig, ctx: DistContext, events: EventLog, state: TrainState, step: int,
+               marker: ProgressMarker | None = None) -> tuple[float, float]:
+    """Forward, backward, optimizer step, and the loss averaged over ranks (rank 0 logs it and marks the step
+    reached); returns the loss and the wall-clock moment the step began (its event's ``t - step_time``)."""
     t0 = time.perf_counter()
     inputs, targets = (t.to(ctx.device) for t in state.data.next_batch(ctx.rank, ctx.world_size))
     logits = state.model(inputs)
@@ -152,53 +167,15 @@ def train_step(cfg: TrainConfig, ctx: DistContext, events: EventLog, state: Trai
     dist.all_reduce(global_loss)
     global_loss = (global_loss / ctx.world_size).item()
     state.step = step
-    step_time = time.perf_counter() - t0
+    step_time, t = time.perf_counter() - t0, time.time()
     if ctx.rank == 0:
         tokens = cfg.global_batch * cfg.seq_len
-        events.emit("step", step=step, loss=global_loss, step_time=step_time, tokens_per_s=tokens / step_time)
+        events.emit("step", t=t, step=step, loss=global_loss, step_time=step_time, tokens_per_s=tokens / step_time)
+        if marker is not None:
+            marker.write(step, t, t - step_time)
         if cfg.log_every and step % cfg.log_every == 0:
             print(f"step {step:5d}  loss {global_loss:.4f}  {step_time * 1e3:7.1f} ms", flush=True)
-    return global_loss
-
-
-def resume(state: TrainState, checkpointer, ctx: DistContext, events: EventLog, hooks: Hooks) -> bool:
-    """Load the newest checkpoint, from the nearest copy that has it, into ``state``; False if there is none."""
-    t0 = time.perf_counter()
-    with hooks.section("checkpoint_load"):
-        restored = checkpointer.restore(state)
-        if restored is None:
-            return False
-        hooks.during("load", restored.step)
-    load_s = time.perf_counter() - t0
-    events.emit("resume", step=state.step, load_s=load_s, world_size=ctx.world_size, source=restored.source,
-                rollback_steps=restored.rollback_steps)
-    hooks.on_resume(load_s)
-    hooks.progress()
-    return True
-
-
-def wait_for_writer(checkpointer, hooks: Hooks, limit_s: float = 120.0) -> None:
-    """Wait until the async writer process is ready (``--ckpt-wait-writer``); waiting is progress, not a hang."""
-    for _ in range(int(limit_s / 0.5)):
-        try:
-            checkpointer.start(timeout=0.5)
-            return
-        except TimeoutError:
-            hooks.progress()
-
-
-def start_line(ctx: DistContext, hooks: Hooks, poll_s: float = 0.05) -> None:
-    """Every rank starts the first step together, and waiting here for the others is progress. Loading a
-    checkpoint or starting the writer takes longer on some ranks; a rank done first would otherwise wait in
-    the first step's collective with nothing to say it is well, and its soft timeout would call a slow
-    peer's load its own hang. A rank that truly hangs meanwhile is reported by its own monitor."""
-    if not dist.is_initialized() or ctx.world_size == 1:
-        return
-    work = dist.barrier(group=ctx.cpu_group, async_op=True)
-    while not work.is_completed():
-        hooks.progress()
-        time.sleep(poll_s)
-    work.wait()  # raises if the group was aborted meanwhile
+    return global_loss, t - step_time
 
 
 def checkpoint_step(cfg: TrainConfig, ctx: DistContext, state: TrainState, checkpointer, hooks: Hooks) -> None:
@@ -219,13 +196,22 @@ def checkpoint_step(cfg: TrainConfig, ctx: DistContext, state: TrainState, check
         print(f"[rank {ctx.rank}] checkpoint failed, training goes on: {e}", file=sys.stderr, flush=True)
 
 
+def left_job(error: BaseException) -> str | None:
+    """The line of a rank the in-process restart sent away (its health check failed: a straggler, a poisoned GPU)."""
+    from nvrx_lab.inprocess import HealthCheckError
+
+    if isinstance(error, HealthCheckError):
+        return f"left the job at the in-process restart ({error}); the other ranks go on without it"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_dataclass(TrainConfig, argv, prog="python -m nvrx_lab.train", description=__doc__.split("\n\n")[0])
     rank, world_size, _ = env_rank()
     restart_count = layers.launcher_restart_count()
     try:
         layers.check_flags(cfg, world_size)
-        new_run = runs.begin(cfg, rank, restart_count, layers.fault_state_file(cfg))
+        new_run = runs.begin(cfg, rank, restart_count, [runs.fault_state_file(cfg), runs.progress_file(cfg)])
     except ValueError as e:  # exit 2: a usage error, which no restart mends (the launcher does not retry it)
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -243,14 +229,19 @@ def main(argv: list[str] | None = None) -> int:
     except CheckpointError as e:  # e.g. another model's checkpoint: no restart mends it
         print(f"[rank {rank}] error: {e}", file=sys.stderr, flush=True)
         return 1
+    except RuntimeError as e:  # a peer's fault seen from here, or this rank sent away: one line, not a traceback
+        if (line := peer_lost(e) or left_job(e)) is None:
+            raise
+        print(f"[rank {rank}] {line}", file=sys.stderr, flush=True)
+        return 1
     except KeyboardInterrupt:
         print(f"[rank {rank}] interrupted (Ctrl-C): a save in flight was abandoned; the newest committed "
               f"checkpoint{' in ' + cfg.ckpt_dir if cfg.ckpt_dir else ''} is intact", file=sys.stderr, flush=True)
         return 130
     events.emit("end", steps=summary["steps"],  # the last attempt's peak (gpucheck c); earlier ones: restart events
                 cuda_peak_bytes=torch.cuda.max_memory_allocated() if torch.cuda.is_initialized() else None)
-    if rank == 0 and cfg.metrics:  # one line a job log collector (nvrx_lab.eks.submit) picks up
-        print("GOODPUT " + json.dumps(analyze(read_events(cfg.metrics)).row()), flush=True)
+    if rank == 0 and cfg.metrics and summary["losses"]:  # one line a job log collector (nvrx_lab.eks.submit) picks up
+        print("GOODPUT " + json.dumps(analyze(last_launch(read_events(cfg.metrics))).row()), flush=True)
     return 0
 
 

@@ -1,9 +1,10 @@
-"""nvrx_lab.checkpoint under faults: writer killed mid-save, disk full, file-size limit (a read-only folder,
-also as root: tests/test_reliability_checkpoint.py)."""
+"""nvrx_lab.checkpoint under faults: writer killed mid-save, disk full, file-size limit, a byte flipped mid-file
+(a read-only folder, also as root: tests/test_reliability_checkpoint.py)."""
 
 from __future__ import annotations
 
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -11,7 +12,15 @@ import subprocess
 import pytest
 import torch
 
-from nvrx_lab.checkpoint import AsyncCheckpointer, CheckpointWriteError, CheckpointWriterDied, committed_steps
+from nvrx_lab.checkpoint import (
+    AsyncCheckpointer,
+    CheckpointCorruptError,
+    CheckpointWriteError,
+    CheckpointWriterDied,
+    committed_steps,
+    step_dir,
+)
+from nvrx_lab.checkpoint.throttle import VERIFY_CHUNK
 from nvrx_lab.net import wait_for
 
 
@@ -94,3 +103,34 @@ def test_file_size_limit_error_names_step_and_file(tmp_path):
         ckpt.async_save(state(0.25), step=6)
         ckpt.finalize_async_save(blocking=True)
         assert ckpt.latest_step() == 6
+
+
+def _flip(path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([byte ^ 0xFF]))
+
+
+@pytest.mark.timeout(60)
+def test_a_corrupt_byte_mid_file_is_located_by_its_chunks_byte_range(tmp_path):
+    """The checksums cover 16 MiB chunks: the error names the file and the bad chunk's bytes, not byte 0."""
+    ckpt = AsyncCheckpointer(tmp_path, start_writer=False)
+    ckpt.save(state(40), step=1)  # one shard of ~40 MiB: three chunks
+    shard = step_dir(tmp_path, 1) / "__0_0.distcp"
+    size = shard.stat().st_size
+    assert size > 2 * VERIFY_CHUNK
+    offset = VERIFY_CHUNK + (size - VERIFY_CHUNK) // 3  # mid-file, in the second chunk
+    _flip(shard, offset)
+    with pytest.raises(CheckpointCorruptError) as e:
+        AsyncCheckpointer(tmp_path, start_writer=False).load(state(40, fill=0.0), step=1)
+    message = str(e.value)
+    assert str(shard) in message and e.value.path == str(shard), message
+    where = re.search(r"CRC32C mismatch in bytes (\d+)-(\d+) of (\d+) \(chunk 2 of 3, (\d+) B each\)", message)
+    assert where, message
+    first, last, total, chunk = map(int, where.groups())
+    assert first <= offset <= last and (first, last, total, chunk) == (VERIFY_CHUNK, 2 * VERIFY_CHUNK - 1, size, VERIFY_CHUNK)
+    _flip(shard, size - 1)  # the last chunk too: the first bad one is named, the others counted
+    with pytest.raises(CheckpointCorruptError, match=r"bytes \d+-\d+ of \d+ \(chunk 2 of 3, \d+ B each; 1 more bad chunk"):
+        AsyncCheckpointer(tmp_path, start_writer=False).load(state(40, fill=0.0), step=1)

@@ -3,6 +3,7 @@ checkpoints, and a writer that cannot start says why at once."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -42,7 +43,7 @@ def test_a_script_without_main_guard_checkpoints_and_is_not_rerun(tmp_path):
 def test_a_writer_that_cannot_start_says_why_at_once(monkeypatch):
     monkeypatch.setattr(writer, "command", lambda conn_fd, death_fd, priority: [
         sys.executable, "-c", "import sys; print('ImportError: no module named fast_storage', file=sys.stderr); sys.exit(3)"])
-    proc = writer.WriterProcess(rank=5)
+    proc = writer.WriterProcess(rank=5, fork=False)  # a clean interpreter (forked writers run no command)
     t0 = time.monotonic()
     with pytest.raises(RuntimeError, match=r"writer of rank 5 could not start: exit code 3: ImportError: no module"):
         proc.wait_ready(timeout=60)
@@ -61,7 +62,7 @@ def test_a_writer_closed_mid_save_announces_nothing_and_says_why_without_its_log
         sys.executable, "-c", "import time; time.sleep(60)"])  # never ready: the save stays in flight
     raised = []
     monkeypatch.setattr(threading, "excepthook", raised.append)
-    proc = writer.WriterProcess(rank=3)
+    proc = writer.WriterProcess(rank=3, fork=False)
     outcomes = []
     proc.submit({"step": 4, "tmp": "/nonexistent/.tmp_step_00000004_x"}, on_outcome=lambda *a: outcomes.append(a))
     proc.close(timeout=0.1)
@@ -74,10 +75,11 @@ def test_a_writer_closed_mid_save_announces_nothing_and_says_why_without_its_log
 
 
 @pytest.mark.timeout(60)
-def test_the_writer_exits_with_its_trainer(tmp_path):
+@pytest.mark.parametrize("fork", [True, False], ids=["forked", "spawned"])
+def test_the_writer_exits_with_its_trainer(tmp_path, fork):
     """The death pipe: the writer exits when the process holding the write end is gone."""
-    code = ("import sys, time; from nvrx_lab.checkpoint.writer import WriterProcess; w = WriterProcess(); "
-            "w.wait_ready(60); print(w.pid, flush=True); time.sleep(60)")
+    code = ("import sys, time; from nvrx_lab.checkpoint.writer import WriterProcess; "
+            f"w = WriterProcess(fork={fork}); w.wait_ready(60); print(w.pid, flush=True); time.sleep(60)")
     trainer = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         pid = int(trainer.stdout.readline())
@@ -113,3 +115,32 @@ def test_prepare_sizes_and_touches_the_staging_region_before_the_first_save(tmp_
         assert ckpt._buffer.path == region
         ckpt.finalize_async_save(blocking=True)
     assert committed_steps(tmp_path) == [1]
+
+
+@pytest.mark.timeout(60)
+def test_a_forked_writer_is_ready_at_once_and_holds_none_of_the_trainers_descriptors(tmp_path):
+    """Forked from a process with torch imported it answers ``ready`` in well under a second (a clean
+    interpreter takes ~2 s); it keeps its socket, its death pipe and stdio, and none of the trainer's
+    files or sockets (a gloo socket held by a writer would outlive a killed trainer)."""
+    import socket
+
+    import torch  # noqa: F401 - what the trainer has imported when it forks
+
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    log = open(tmp_path / "trainer.log", "w")  # noqa: SIM115 - kept open across the fork on purpose
+    try:
+        proc = writer.WriterProcess(rank=2)
+        assert proc.forked
+        proc.wait_ready(timeout=30)
+        assert proc.ready_s < 1.0, proc.ready_s
+        fds = os.listdir(f"/proc/{proc.pid}/fd")
+        targets = {os.readlink(f"/proc/{proc.pid}/fd/{fd}") for fd in fds}
+        assert not any(str(tmp_path) in t for t in targets), targets
+        assert f"socket:[{os.fstat(held.fileno()).st_ino}]" not in targets, targets
+        assert len(fds) <= 8, targets  # stdio, its socket, the death pipe, and what its own start opened
+        proc.close()
+        assert proc.why() == "exit code 0"
+    finally:
+        held.close()
+        log.close()

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import ast
 import logging
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
@@ -70,14 +73,110 @@ def test_papermill_parses_every_parameter(path, caplog):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_one_smoke_switch_resolved_after_the_parameters(path):
     """`smoke` defaults to None in the parameters cell (papermill `-p smoke False` still overrides it),
-    and the next code cell reads $NVRX_LAB_SMOKE when it is None."""
+    and the next code cell resolves it with `Parameters(smoke)`, which reads $NVRX_LAB_SMOKE when it is None."""
     nb = nbformat.read(path, as_version=4)
     i, params = _parameters(nb)
     smoke = [s for s in ast.parse(params.source).body if isinstance(s, ast.AnnAssign) and s.target.id == "smoke"]
     assert smoke and ast.literal_eval(smoke[0].value) is None, "parameters: `smoke: Optional[bool] = None  # …`"
-    after = next(c for c in nb.cells[i + 1:] if c.cell_type == "code")
-    assert "if smoke is None" in after.source and "NVRX_LAB_SMOKE" in after.source, \
-        "the cell after the parameters resolves smoke from $NVRX_LAB_SMOKE"
+    check = ast.unparse(ast.parse(_check_cell(nb, i).source))
+    assert "p = Parameters(smoke)" in check and "smoke = p.smoke" in check, \
+        "the cell after the parameters resolves smoke: `p = Parameters(smoke)`, then `smoke = p.smoke`"
+
+
+def _check_cell(nb, i: int) -> nbformat.NotebookNode:
+    return next(c for c in nb.cells[i + 1:] if c.cell_type == "code")
+
+
+def _declared(params) -> list[str]:
+    return [s.target.id for s in ast.parse(params.source).body if isinstance(s, ast.AnnAssign)]
+
+
+def _checked(stmt: ast.stmt) -> str | None:
+    """``NAME`` when ``stmt`` is ``NAME = p.KIND("NAME", NAME, …)`` (or ``smoke = p.smoke``), else None."""
+    if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
+        return None
+    name, value = stmt.targets[0].id, stmt.value
+    if name == "smoke":
+        return name if ast.unparse(value) == "p.smoke" else None
+    call = isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and ast.unparse(value.func.value) == "p"
+    args = value.args if call else []
+    ok = len(args) >= 2 and isinstance(args[0], ast.Constant) and args[0].value == name and ast.unparse(args[1]) == name
+    return name if ok else None
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_parameter_checked_in_the_next_cell(path):
+    """The cell after the parameters checks each parameter once, `NAME = p.KIND("NAME", NAME, …)` (type and range,
+    a one-line `ParameterError` each), and ends with `p.done()`: nothing runs before every value is known good."""
+    nb = nbformat.read(path, as_version=4)
+    i, params = _parameters(nb)
+    body = ast.parse(_check_cell(nb, i).source).body
+    checked = [name for name in map(_checked, body) if name]
+    assert sorted(checked) == sorted(_declared(params)), \
+        f"check each parameter once after the parameters cell: declared {_declared(params)}, checked {checked}"
+    assert ast.unparse(body[-1]) == "p.done()", "the check cell ends with `p.done()` (one line: every value)"
+    calls = [ast.unparse(s) for s in body[:-1] if isinstance(s, ast.Expr)]
+    assert not calls, f"the check cell only checks; it runs nothing: {calls}"
+
+
+def _bound(tree: ast.AST) -> list[tuple[str, int]]:
+    """The names a cell binds at the notebook's top level (not inside functions, lambdas, classes or
+    comprehensions, which have scopes of their own), with their line."""
+    out: list[tuple[str, int]] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.append((node.name, node.lineno))
+            for deco in node.decorator_list:
+                visit(deco)
+            return
+        if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            return
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            out.append((node.id, node.lineno))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            out.extend(((a.asname or a.name).split(".")[0], node.lineno) for a in node.names)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            out.append((node.name, node.lineno))
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            out.extend((n, node.lineno) for n in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return out
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_cell_overrides_a_parameter(path):
+    """After the parameters cell a parameter is bound once, by its check: no `steps = 12 if smoke else steps`,
+    no `if smoke: steps = …`, no loop variable or import of the same name, so smoke mode never silently
+    replaces a value the user set (a smoke-dependent size is `None` and its check picks the default)."""
+    nb = nbformat.read(path, as_version=4)
+    i, params = _parameters(nb)
+    declared = set(_declared(params))
+    check = _check_cell(nb, i)
+    overrides = []
+    for n, cell in enumerate(nb.cells[i + 1:], start=i + 1):
+        if cell.cell_type != "code":
+            continue
+        tree = ast.parse(cell.source)
+        if cell is check:  # its own `NAME = p.KIND("NAME", NAME, …)` lines are the one binding allowed
+            tree.body = [s for s in tree.body if not _checked(s)]
+        overrides += [f"cell {n} line {line}: {name}" for name, line in _bound(tree) if name in declared]
+    assert not overrides, f"parameters re-bound after their check (let the check's default do it): {overrides}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_name_is_defined(path):
+    """Every name a cell uses is defined by an earlier cell or imported (ruff's F821 over the notebook): the
+    check cell replaced `import os`, and a cell that still used it would fail only when run."""
+    ruff = shutil.which("ruff", path=str(Path(sys.executable).parent))
+    if ruff is None:
+        pytest.fail("ruff is missing from this environment: pip install -e '.[test]'")
+    res = subprocess.run([ruff, "check", "--isolated", "--no-cache", "--select", "F821", str(path)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

@@ -39,6 +39,7 @@ from pathlib import Path
 import torch
 
 from nvrx_lab.bench._checkpoint_methods import METHODS, Method
+from nvrx_lab.cli import Parser
 from nvrx_lab.demo_state import equal, make_state, mutate, zeros_like
 from nvrx_lab.table import exit_status, median, p95, report
 
@@ -134,7 +135,10 @@ def peer_available() -> str | None:
 
 def positive(kind):
     def parse(text: str):
-        value = kind(text)
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
         if value <= 0:
             raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
         return value
@@ -142,7 +146,7 @@ def positive(kind):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m nvrx_lab.bench checkpoint", description=__doc__.split("\n")[0])
+    ap = Parser(prog="python -m nvrx_lab.bench checkpoint", description=__doc__.split("\n")[0])
     ap.add_argument("--sizes-mib", type=positive(float), nargs="+", default=[256, 1024], help="state sizes per rank (MiB)")
     ap.add_argument("--repeats", type=positive(int), default=10, help="timed saves per method (after one warm-up)")
     ap.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS, help="which rows to run")

@@ -27,6 +27,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from nvrx_lab.cli import Parser
 from nvrx_lab.events import read_events
 from nvrx_lab.runner import Torchrun, Value, run, trainer
 from nvrx_lab.table import median, report
@@ -70,7 +71,7 @@ def throughput(events: list[dict], warmup: int) -> tuple[float, float]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m nvrx_lab.bench efficiency", description=__doc__.split("\n")[0])
+    ap = Parser(prog="python -m nvrx_lab.bench efficiency", description=__doc__.split("\n")[0])
     ap.add_argument("--intervals", type=int, nargs="+", default=[5, 10, 20], help="checkpoint intervals (steps)")
     ap.add_argument("--steps", type=int, default=100, help="steps per run")
     ap.add_argument("--warmup", type=int, default=20,

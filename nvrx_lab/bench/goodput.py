@@ -17,13 +17,13 @@ Every mode resumes from the same async checkpoints and gets the same determinist
 
 from __future__ import annotations
 
-import argparse
 import shlex
 import sys
 import time
 from pathlib import Path
 
 from nvrx_lab.advisor import crashloop_delay
+from nvrx_lab.cli import Parser
 from nvrx_lab.events import EventLog, read_events
 from nvrx_lab.faults import format_schedule, make_schedule
 from nvrx_lab.goodput import analyze, format_report
@@ -90,7 +90,7 @@ def run_mode(args, mode: str, faults: str, workdir: Path, label: str | None = No
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m nvrx_lab.bench goodput", description=__doc__.split("\n\n")[0])
+    p = Parser(prog="python -m nvrx_lab.bench goodput", description=__doc__.split("\n\n")[0])
     p.add_argument("--modes", nargs="+", default=list(DEFAULT_MODES), choices=MODES)
     p.add_argument("--local-ckpt-interval", type=int, default=1, help="steps between local checkpoints (+local modes)")
     p.add_argument("--ranks", type=int, default=2)

@@ -22,7 +22,6 @@ fresh interpreter vs in a standby worker.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import shutil
 import subprocess
@@ -31,6 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from nvrx_lab.cli import Parser
 from nvrx_lab.events import read_events
 from nvrx_lab.runner import Launcher, Torchrun, Worker, flat, run
 from nvrx_lab.table import exit_status, median, p95, report
@@ -125,7 +125,7 @@ def run_one(mode: str, kind: str, faults: int, hb_timeout: float, pg_timeout: fl
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m nvrx_lab.bench launcher", description=__doc__.split("\n")[0])
+    p = Parser(prog="python -m nvrx_lab.bench launcher", description=__doc__.split("\n")[0])
     p.add_argument("--faults-per-kind", type=int, default=10, help="faults of each kind per launcher")
     p.add_argument("--quick", action="store_true", help="2 faults per kind (CI/smoke)")
     p.add_argument("--heartbeat-timeout", type=float, default=3.0)

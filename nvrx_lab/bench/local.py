@@ -18,7 +18,6 @@ Two tables, peers side by side in the same run:
 
 from __future__ import annotations
 
-import argparse
 import shlex
 import shutil
 import statistics
@@ -32,6 +31,7 @@ import torch
 
 from nvrx_lab.checkpoint import AsyncCheckpointer, integrity
 from nvrx_lab.checkpoint.local import LocalCheckpointer
+from nvrx_lab.cli import Parser
 from nvrx_lab.net import free_port_pair
 from nvrx_lab.runner import Torchrun, run, trainer
 from nvrx_lab.table import report
@@ -113,7 +113,7 @@ def step_rows(steps: int, runs: int, work: Path, skip: int = 5, step_sleep: floa
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m nvrx_lab.bench local", description=__doc__.split("\n\n")[0])
+    p = Parser(prog="python -m nvrx_lab.bench local", description=__doc__.split("\n\n")[0])
     p.add_argument("--mib", type=int, default=256, help="state size for the restore table")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=60, help="steps of each trainer run (step table)")

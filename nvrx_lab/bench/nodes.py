@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from nvrx_lab.bench._job import JobFailed, NodeJob
+from nvrx_lab.cli import Parser
 from nvrx_lab.eks import JobSpec, render
 from nvrx_lab.events import read_events
 from nvrx_lab.net import wait_for
@@ -150,7 +151,7 @@ def run_row(restart: str, kind: str, a, tmp: Path) -> dict:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m nvrx_lab.bench nodes", description=__doc__.splitlines()[0])
+    ap = Parser(prog="python -m nvrx_lab.bench nodes", description=__doc__.splitlines()[0])
     ap.add_argument("--faults-per-kind", type=int, default=10, help="faults of each kind per restart mode")
     ap.add_argument("--faults-per-job", type=int, default=5, help="faults injected in one Job, --gap steps apart")
     ap.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)

@@ -33,7 +33,6 @@ cores). The worker is :mod:`nvrx_lab.recovery_worker`, run as ``python -m nvrx_l
 
 from __future__ import annotations
 
-import argparse
 import shlex
 import sys
 import tempfile
@@ -41,6 +40,7 @@ import time
 from pathlib import Path
 
 from nvrx_lab.bench._procs import TAG_VAR, leftovers, new_tag
+from nvrx_lab.cli import Parser
 from nvrx_lab.events import read_events
 from nvrx_lab.recovery_worker import KINDS, worker
 from nvrx_lab.runner import Spawn, Torchrun, run
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["worker"]:
         return worker(argv[1:])
-    ap = argparse.ArgumentParser(prog="python -m nvrx_lab.bench recovery", description=__doc__.splitlines()[0])
+    ap = Parser(prog="python -m nvrx_lab.bench recovery", description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, nargs="+", default=[2], help="world sizes to run (e.g. 2 4)")
     ap.add_argument("--faults-per-kind", type=int, default=10, help="faults injected per kind and mode")
     ap.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)

@@ -11,12 +11,12 @@ any trial did not hold; the failures are printed under the table and kept in the
 
 from __future__ import annotations
 
-import argparse
 import shlex
 import sys
 import tempfile
 from pathlib import Path
 
+from nvrx_lab.cli import Parser
 from nvrx_lab.reliability import Row
 from nvrx_lab.table import report
 
@@ -61,7 +61,7 @@ def _figures(row: Row) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m nvrx_lab.bench reliability", description=__doc__.split("\n\n")[0])
+    ap = Parser(prog="python -m nvrx_lab.bench reliability", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small counts (a smoke run)")
     ap.add_argument("--cases", default=",".join(GROUPS),
                     help=f"comma list of case groups: {', '.join(GROUPS)} (default: all)")

@@ -26,7 +26,6 @@ rank polled every rank's keys; it runs up to ``--legacy-max-ranks`` (it is O(N^2
 
 from __future__ import annotations
 
-import argparse
 import shlex
 import sys
 import tempfile
@@ -36,6 +35,7 @@ import time
 from nvrx_lab.bench import _scale_legacy as legacy
 from nvrx_lab.bench._scale_model import Ranks, measure_commit, measure_heartbeats, measure_restart, measure_straggler_report
 from nvrx_lab.bench._scale_procs import measure_restart_procs
+from nvrx_lab.cli import Parser
 from nvrx_lab.inprocess.store import host
 from nvrx_lab.net import free_port
 from nvrx_lab.table import report
@@ -97,7 +97,7 @@ def measure(n: int, protocol: str, a) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    ap = argparse.ArgumentParser(prog="python -m nvrx_lab.bench scale", description=__doc__.splitlines()[0])
+    ap = Parser(prog="python -m nvrx_lab.bench scale", description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, nargs="+", default=[8, 64, 512, 1024, 4096])
     ap.add_argument("--protocols", nargs="+", default=["new", "legacy"], choices=["new", "legacy"])
     ap.add_argument("--legacy-max-ranks", type=int, default=512, help="largest N the legacy restart runs at")

@@ -17,7 +17,6 @@ resumes redoes 35.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import shlex
 import shutil
@@ -29,6 +28,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from nvrx_lab.cli import Parser
 from nvrx_lab.events import read_events
 from nvrx_lab.faults import parse_schedule
 from nvrx_lab.goodput import analyze
@@ -146,7 +146,7 @@ def summarize(trials: list[Trial], names: list[str]) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m nvrx_lab.bench stability", description=__doc__.split("\n\n")[0])
+    p = Parser(prog="python -m nvrx_lab.bench stability", description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=3, help="runs of each command")
     p.add_argument("--commands", nargs="+", default=list(COMMANDS), choices=list(COMMANDS))
     p.add_argument("--load", type=int, default=0, metavar="K", help="busy-loop processes running meanwhile")

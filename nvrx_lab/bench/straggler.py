@@ -23,7 +23,6 @@ event stream (``straggler`` and ``straggler_scores`` events):
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import shlex
 import statistics
@@ -34,6 +33,7 @@ import time
 from pathlib import Path
 
 from nvrx_lab.bench._scale_model import measure_straggler_report
+from nvrx_lab.cli import Parser
 from nvrx_lab.events import last_run, read_events
 from nvrx_lab.net import free_port_pair
 from nvrx_lab.runner import Torchrun, run, trainer
@@ -164,7 +164,7 @@ def scale_row(ranks: int = 1024) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m nvrx_lab.bench straggler", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m nvrx_lab.bench straggler", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="3 detection trials, 300 healthy steps, one overhead pair")
     parser.add_argument("--trials", type=int, default=10, help="detection runs (default 10)")
     parser.add_argument("--healthy-steps", type=int, default=2000, help="steps of each healthy run (default 2000)")

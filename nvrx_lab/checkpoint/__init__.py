@@ -13,6 +13,19 @@ Use::
             if step % interval == 0:
                 ckpt.async_save(state, step=step)  # returns once the state is staged
 
+**Inside an in-process restart wrapper** (:class:`nvrx_lab.inprocess.Wrapper`) two patterns work:
+
+* one checkpointer per attempt, ``with AsyncCheckpointer(...) as ckpt:`` inside the wrapped function,
+  made after ``call_wrapper.init_process_group``: a fault leaving the ``with`` abandons the save in flight
+  (no wait on a writer), a clean exit commits it;
+* one checkpointer for every attempt (what :mod:`nvrx_lab.train` does): made in the first attempt, then
+  ``ckpt.rebind(dist.group.WORLD)`` at the start of each later one, and ``close()`` after the wrapper
+  returns. The writer process and the staging memory survive restarts.
+
+Either way: ``restore(state)`` at the start of every attempt, saves inside ``call_wrapper.atomic()``.
+A checkpointer made before ``init_process_group`` in a job of several ranks is an error (it would save as
+rank 0 of 1 on every rank).
+
 How it works, one module a mechanism:
 
 * :mod:`.planning` — DCP's save plan, made collectively in ``async_save`` (cheap, no tensor data);

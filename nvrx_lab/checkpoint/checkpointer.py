@@ -8,21 +8,25 @@ Timeline of one ``async_save(state, step=s)`` on every rank::
     rank 0   | finalize_async_save(): every rank posted? (1 store op) -> .metadata, manifest, rename
 
 **A save asked while one is in flight waits** for this rank's writer to finish the previous one (the staging
-buffer is reused, so memory stays at one copy of the state), then proceeds; the wait is reported as
-``wait_s`` in the ``ckpt_save`` event. One writer per rank, one request at a time: never two writers on a step.
+buffer is reused: one copy of the state), reported as ``wait_s`` in the ``ckpt_save`` event. One writer per
+rank, one request at a time. A save is never dropped because its writer is still starting: it is held and
+sent the moment the writer is ready, and the next save waits for it (a forked writer is ready in
+milliseconds, a new interpreter in ~2 s: :mod:`.writer_main`), saying so on rank 0's console. Every wait
+beats :mod:`nvrx_lab.liveness`, so the in-process restart wrapper does not take it for a hang; the package
+docs (:mod:`nvrx_lab.checkpoint`) show the two patterns that work inside that wrapper.
 
 Collectives: ``async_save``, ``save``, ``latest_step``, ``load`` and ``restore`` are collective over the CPU
-group when ``torch.distributed`` is initialised (call them on every rank); ``finalize_async_save`` is not —
-it only polls the local writer and, on rank 0, the completion board (:mod:`.completion`: one store operation
-while a save is pending, none otherwise, never the filesystem). Its errors are raised where they are seen
-(the failing rank, and rank 0 for any rank), so a trainer may catch :class:`CheckpointError`, log it and go
-on: the previous committed checkpoint stays the latest. Built step by step in ``notebooks/01_async_checkpointing.ipynb``.
+group (call them on every rank); ``finalize_async_save`` is not: it polls the local writer and, on rank 0,
+the completion board (:mod:`.completion`: one store operation while a save is pending, never the filesystem),
+and raises a failed save's :class:`CheckpointError` where it is seen; the previous checkpoint stays the latest.
+Built step by step in ``notebooks/01_async_checkpointing.ipynb``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import shutil
+import sys
 import time
 from collections.abc import Callable
 from functools import partial
@@ -31,15 +35,14 @@ from pathlib import Path
 import torch.distributed as dist
 
 from . import commit as cm
-from . import loading
-from .completion import LocalBoard, error_entry, group_board, outcome_entry
-from .config import CheckpointerConfig, check_step
+from . import loading, sync
+from .completion import LocalBoard, group_board, outcome_entry
+from .config import CheckpointerConfig, check_initialised, check_step
 from .errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError, CheckpointWriterDied
 from .loading import Restored
-from .planning import PlanCache, all_gather, broadcast, local_tensors, plan_save
-from .shards import write_live
+from .pending import PendingSaves
+from .planning import PlanCache, local_tensors, plan_save
 from .staging import StagingBuffer, plan_slots
-from .throttle import check_bandwidth
 from .writer import WriterProcess
 
 log = logging.getLogger(__name__)
@@ -52,23 +55,22 @@ class AsyncCheckpointer:
                  process_group=None, emit: Callable | None = None, **more):
         self.config = CheckpointerConfig(str(directory), keep_last, write_bandwidth, **more)
         self.root = Path(directory)
-        if self.root.exists() and not self.root.is_dir():
-            raise NotADirectoryError(f"checkpoint directory {self.root} is a file; pass a folder path")
-        if self.config.verify not in ("full", "size"):
-            raise ValueError(f"verify must be 'full' or 'size', got {self.config.verify!r}")
-        self.config.write_bandwidth = check_bandwidth(write_bandwidth, "write_bandwidth")
         self.retention = cm.KeepLast(keep_last)
         self.emit = emit or (lambda kind, **fields: None)
+        self._errors: list[CheckpointError] = []
+        self._pending = PendingSaves(self.root, self.retention, self._report, self.emit,
+                                     lambda: {e.step for e in self._errors})  # rank 0's saves waiting to commit
         self.group, self.rank, self.world, self._board = None, 0, 1, LocalBoard()
-        if dist.is_available() and dist.is_initialized():
+        self._pending.bind(self._board, 1)
+        if check_initialised(self.root, process_group):
             self._bind(process_group)
         self._buffer = StagingBuffer(tag=f"r{self.rank}")
         self._plans = PlanCache()  # the last plan, reused while the state keeps its structure
-        self._writer = WriterProcess(self.rank, self.config.writer_priority) if self.config.start_writer else None
-        self._pending: list[dict] = []  # rank 0: saves waiting to be committed, oldest first
-        self._errors: list[CheckpointError] = []
+        self._writer: WriterProcess | None = None
         self._fallbacks_logged: set[tuple[int, str]] = set()
         self._closed = False
+        if self.config.start_writer:
+            self._new_writer()
 
     # ----------------------------------------------------------------- saving
     writer_pid = property(lambda self: self._writer.pid if self._writer else None,
@@ -94,14 +96,13 @@ class AsyncCheckpointer:
         """Stage ``state_dict`` and hand it to the writer; returns once training may mutate the state."""
         check_step(step)
         t0 = time.monotonic()
-        if self._in_flight and (unsent := self._writer.take_unsent()) is not None:
-            self._supersede(unsent, step)  # the writer is still starting (after a restart too): never wait for it
         if self._in_flight and self._in_flight["step"] == step:
             raise ValueError(f"step {step} is already being written to {self._in_flight['tmp']}")
-        self._collect(self._writer.poll(timeout=1e9) if self._in_flight else None)
+        if self._in_flight:
+            self._wait_in_flight(before=step)
         wait_s = time.monotonic() - t0
         if self.rank == 0:
-            self._commit_ready(blocking=False)
+            self._pending.commit()
         if self._writer is None or not self._writer.alive():
             self._new_writer()
         planned = self._plan(state_dict, step)
@@ -112,49 +113,37 @@ class AsyncCheckpointer:
                              "byte_items": planned.byte_items, "bandwidth": self.config.write_bandwidth},
                             on_outcome=lambda kind, info: board.post(sid, rank, outcome_entry(kind, info)))
         if self.rank == 0:
-            self._pending.append({"step": step, "tmp": tmp, "metadata": planned.metadata, "t0": t0, "save_id": sid})
+            self._pending.add(step, tmp, planned.metadata, t0, sid)
         self.emit("ckpt_save", step=step, mode="async", blocking_s=time.monotonic() - t0, wait_s=wait_s,
                   bytes=planned.nbytes)
+
+    def _wait_in_flight(self, before: int | None = None) -> None:
+        """Wait for this rank's save in flight: its writer's start, then its write (:meth:`.WriterProcess.wait`)."""
+        held = self._in_flight["step"]
+        outcome, start_wait_s = self._writer.wait(self.config.commit_timeout)
+        if start_wait_s > 0.1 and self.rank == 0:
+            why = f"the save of step {before}" if before is not None else "the final commit"
+            print(f"[rank 0] checkpoint: {why} waited {start_wait_s:.2f} s for the writer process to start (step {held} "
+                  "was held, not dropped, meanwhile)", flush=True)
+        self._collect(outcome)
 
     def finalize_async_save(self, blocking: bool = False) -> list[int]:
         """Collect finished writes and (rank 0) commit them (``blocking``: all); returns the steps committed.
         Raises :class:`CheckpointError` (step, path) for a save that failed since the last call; the failed
         save is dropped and training can go on."""
         if self._in_flight:
-            self._collect(self._writer.poll(timeout=1e9 if blocking else 0.0))
-        committed = self._commit_ready(blocking) if self.rank == 0 else []
+            if blocking:
+                self._wait_in_flight()
+            else:
+                self._collect(self._writer.poll(timeout=0.0))
+        committed = self._pending.commit(self.config.commit_timeout if blocking else 0.0) if self.rank == 0 else []
         self._raise_errors()
         return committed
 
     def save(self, state_dict: dict, step: int) -> None:
-        """Synchronous baseline: same plan, files and commit, written from the live tensors; returns once durable."""
-        check_step(step)
-        t0 = time.monotonic()
-        try:  # an earlier async save's error was logged and emitted; not raised here, so that every
-            self.finalize_async_save(blocking=True)  # rank reaches the collective planning below
-        except CheckpointError:
-            pass
-        planned = self._plan(state_dict, step)
-        tmp = cm.tmp_dir(self.root, step, planned.save_id)
-        kind, info = write_live(tmp, self.rank, planned, self.config.write_bandwidth, step)
-        self._board.post(planned.save_id, self.rank, outcome_entry(kind, info))
-        errors = all_gather(info.get("error"), self.group, self.world)
-        if any(errors):
-            if self.rank == 0:
-                shutil.rmtree(tmp, ignore_errors=True)
-                self._board.forget(planned.save_id)
-            raise self._report(CheckpointWriteError(f"sync save of step {step} failed: "
-                                                    + "; ".join(e for e in errors if e), step=step, path=str(tmp)))
-        if self.rank == 0:
-            self._pending.append({"step": step, "tmp": tmp, "metadata": planned.metadata, "t0": t0, "save_id": planned.save_id})
-            self._commit_ready(blocking=True)
-        mine = [e for e in self._errors if e.step == step]
-        self._errors = [e for e in self._errors if e.step != step]
-        outcome = broadcast(str(mine[0]) if mine else None, self.group, self.world)
-        if outcome:
-            raise CheckpointWriteError(outcome, step=step, path=str(tmp))
-        self.emit("ckpt_save", step=step, mode="sync", blocking_s=time.monotonic() - t0, wait_s=0.0,
-                  bytes=planned.nbytes)
+        """Synchronous baseline: same plan, files and commit, written from the live tensors; returns once durable
+        (:func:`.sync.save`)."""
+        sync.save(self, state_dict, step)
 
     # ---------------------------------------------------------------- loading
     def latest_step(self) -> int | None:
@@ -166,10 +155,18 @@ class AsyncCheckpointer:
         """Load the newest committed step (``step``: it, found by :meth:`latest_step` already) into ``state``
         (a ``Stateful``: ``state_dict()`` asked only when there is one); collective. None: nothing to restore."""
         if (step := self.latest_step() if step is None else step) is not None:
+            t0 = time.monotonic()
             self.load(sd := state.state_dict(), step=step)
             state.load_state_dict(sd)
+            self._announce(f"resumed step {step} from {cm.step_dir(self.root, step)} ({time.monotonic() - t0:.2f} s)")
             return Restored(step, "storage")
+        self._announce(f"nothing committed in {self.root}: starting from scratch")
         return None
+
+    def _announce(self, line: str) -> None:
+        """One console line on rank 0 for what a restore did (``announce=False``: the caller says it)."""
+        if self.config.announce and self.rank == 0:
+            print(f"[rank 0] checkpoint: {line}", flush=True)
 
     def load(self, state_dict: dict, step: int | None = None) -> int:
         """Load ``step`` (default: :meth:`latest_step`) into ``state_dict`` in place; returns the step."""
@@ -185,11 +182,12 @@ class AsyncCheckpointer:
 
     # -------------------------------------------------------------- lifecycle
     def rebind(self, process_group=None) -> None:
-        """Coordinate over a new process group (an in-process restart made one), keeping the writer
-        process and the staging memory. Saves of the aborted attempt that were not committed yet are
-        dropped: some of their ranks may be gone; their temporary folders are swept by a later commit."""
+        """Coordinate over a new process group (an in-process restart made one), keeping the writer and the
+        staging memory. If every rank is still there, the old rank 0 first commits the saves being written (the
+        writers outlive the restart), waiting at most twice as long as the last save took; the rest are dropped."""
+        same_world = process_group is not None and dist.get_world_size(process_group) == self.world
+        self._pending.settle(min(self.config.commit_timeout, 2 * self._pending.durable_s) if same_world else 0.0)
         self._bind(process_group)
-        self._pending.clear()
         self._errors.clear()
 
     def close(self) -> None:
@@ -205,33 +203,36 @@ class AsyncCheckpointer:
             self._buffer.release()
 
     def abandon(self) -> int | None:
-        """Stop at once after a failure or Ctrl-C: kill the writer mid-write, commit nothing more,
-        free the staging memory. Returns the step that was in flight (its temporary folder is swept
-        by a later commit); every committed checkpoint stays as it was."""
+        """Stop at once after a failure or Ctrl-C: commit what every rank finished (rank 0), kill the writer
+        mid-write, free the staging memory; returns the step that was in flight (a later commit sweeps it)."""
         if self._closed:
             return None
         self._closed = True
         lost = self._in_flight["step"] if self._in_flight else None
+        if self.rank == 0 and self._pending:
+            with contextlib.suppress(Exception):  # the group's store may be gone: then nothing more commits
+                self._pending.commit()
         if self._writer is not None:
             self._writer.process.kill()
             self._writer.close()
         self._buffer.release()
-        for p in self._pending:
-            shutil.rmtree(p["tmp"], ignore_errors=True)
-        self._pending.clear()
+        self._pending.drop()
         if lost is not None:
-            log.warning("checkpoint step %d abandoned (interrupted); the committed checkpoints are intact", lost)
+            print(f"[rank {self.rank}] checkpoint: the save of step {lost} was abandoned (its writer was stopped); "
+                  "the committed checkpoints are intact", file=sys.stderr, flush=True)
         return lost
 
     def __enter__(self) -> AsyncCheckpointer:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        try:
-            self.abandon() if exc_type is KeyboardInterrupt else self.close()
-        except CheckpointError:
-            if exc_type is None:
-                raise
+        """A clean exit commits the save in flight (:meth:`close`); an exception, a Ctrl-C or an in-process
+        restart's interrupt abandons it at once (:meth:`abandon`): waiting on a writer then would only hide
+        the real error behind a hang."""
+        if exc_type is not None:
+            self.abandon()
+            return
+        self.close()
 
     # -------------------------------------------------------------- internals
     def _plan(self, state_dict: dict, step: int):
@@ -245,19 +246,13 @@ class AsyncCheckpointer:
             self.group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
         self.rank, self.world = dist.get_rank(self.group), dist.get_world_size(self.group)
         self._board = group_board(self.group)
+        self._pending.bind(self._board, self.world)
 
     def _new_writer(self) -> None:
         if self._writer is not None:
             self._writer.close()
             self._buffer.release()  # the old writer removed the region's name; the new writer maps a new one
-        self._writer = WriterProcess(self.rank, self.config.writer_priority)
-
-    def _supersede(self, unsent: dict, step: int) -> None:
-        """Drop a save its writer never received (it was still starting) in favour of ``step``; the
-        board tells rank 0, whose other ranks may have written it, to drop it too (``ckpt_skip``)."""
-        reason = f"superseded by step {step}: the writer process of rank {self.rank} was still starting"
-        self._board.post(unsent["save_id"], self.rank, error_entry(reason, unsent["tmp"], superseded=True))
-        log.info("checkpoint step %d %s", unsent["step"], reason)
+        self._writer = WriterProcess(self.rank, self.config.writer_priority, fork=self.config.fork_writer)
 
     def _collect(self, outcome) -> None:
         """This rank's side of a finished write (the reader thread posted it; rank 0 drops a failed save
@@ -274,11 +269,6 @@ class AsyncCheckpointer:
             self._report(CheckpointWriterDied(f"async save of step {step} failed: the writer process of rank "
                                               f"{self.rank} died ({info['why']}) while writing {tmp}",
                                               step=step, path=str(tmp)))
-
-    def _commit_ready(self, blocking: bool) -> list[int]:
-        return cm.commit_ready(self._pending, self.root, self._board, self.world, self.retention,
-                               self.config.commit_timeout if blocking else 0.0, self._report, self.emit,
-                               failed_steps={e.step for e in self._errors})
 
     def _report(self, error: CheckpointError) -> CheckpointError:
         log.error("%s", error)

@@ -41,6 +41,7 @@ from pathlib import Path
 
 from torch.distributed.checkpoint import FileSystemWriter
 
+from nvrx_lab import liveness
 from nvrx_lab.net import wait_for
 
 from .completion import Tally, write_results
@@ -216,27 +217,22 @@ def _tally(board, save_id: str, world: int, timeout: float) -> Tally:
         return tally
     try:
         return wait_for(lambda: settled(board.tally(save_id)), timeout, f"every rank's post of save {save_id}",
-                        interval=0.02)
+                        interval=0.02, on_poll=liveness.beat)
     except TimeoutError:
         return board.tally(save_id)
 
 
-def _drop(p: dict, entries: dict[int, dict], tally: Tally, world: int, timeout: float, report, emit,
+def _drop(p: dict, entries: dict[int, dict], tally: Tally, world: int, timeout: float, report,
           failed_steps: set) -> None:
     """A save that will not commit: remove its folder once no rank writes into it any more (else a
-    later commit sweeps it), and say why — unless it failed here already or was superseded."""
+    later commit sweeps it), and say why — unless it failed here already."""
     if tally.posted >= world:
         shutil.rmtree(p["tmp"], ignore_errors=True)
-    errors = sorted(((e.get("superseded", False), r, e) for r, e in entries.items() if "error" in e),
-                    key=lambda x: x[:2])
-    if errors and errors[0][0]:  # every failed rank was superseded: a newer save took its place
-        emit("ckpt_skip", step=p["step"], reason=errors[0][2]["error"])
-        return
-    errors = [e for e in errors if e[1] != 0]  # rank 0's own failure is reported where it happens
+    errors = sorted((r, e) for r, e in entries.items() if "error" in e and r != 0)  # rank 0's: reported where it happened
     if p["step"] in failed_steps or (entries.get(0, {}).get("error") and not errors):
         return
     if errors:
-        _, r, info = errors[0]
+        r, info = errors[0]
         msg, path = f"save of step {p['step']} failed on rank {r}: {info['error']}", info.get("path")
     else:
         missing = sorted(set(range(world)) - set(entries))
@@ -265,7 +261,7 @@ def commit_ready(pending: list[dict], root: Path, board, world: int, retention, 
         entries = board.collect(p["save_id"]) if tally.posted else {}
         board.forget(p["save_id"])
         if tally.failed or tally.posted < world:
-            _drop(p, entries, tally, world, timeout, report, emit, failed_steps)
+            _drop(p, entries, tally, world, timeout, report, failed_steps)
             continue
         tmp, final = Path(p["tmp"]), step_dir(root, p["step"])
         try:

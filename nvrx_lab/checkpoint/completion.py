@@ -21,7 +21,7 @@ The entry is appended before the counter moves, on the same connection, so a cou
 always readable. A failure sets the high half of the counter, so rank 0 drops a failed save at
 once instead of waiting for the slowest rank. An entry is ``{"rank", "files", "results", "write_s"}`` when done (``results``: the
 rank's DCP write results, pickled and base64-encoded, read back by the restricted unpickler of
-:mod:`.integrity`) or ``{"rank", "error", "path", "superseded"}`` when not.
+:mod:`.integrity`) or ``{"rank", "error", "path"}`` when not.
 Every key lives under a fresh ``save_id``, so restarts and reruns never collide. Entries of a save
 rank 0 dropped before every rank posted (a failure elsewhere, a rebind) stay in the store: a few KB
 a rank, only for saves that failed. :class:`LocalBoard` is the same board on a :class:`HashStore`,
@@ -105,8 +105,8 @@ def done_entry(files: dict, results: bytes, write_s: float) -> dict:
     return {"files": files, "results": base64.b64encode(results).decode(), "write_s": write_s}
 
 
-def error_entry(error: str, path: str | None = None, superseded: bool = False) -> dict:
-    return {"error": error, "path": path, "superseded": superseded}
+def error_entry(error: str, path: str | None = None) -> dict:
+    return {"error": error, "path": path}
 
 
 def outcome_entry(kind: str, info: dict) -> dict:

@@ -119,15 +119,24 @@ def _check_crcs(files: list[tuple[Path, dict]], step) -> None:
         key = (str(path), st.st_size, st.st_mtime_ns, hash(tuple(crcs)))
         if key in _verified:
             continue
-        n = entry["chunk_bytes"]
-        futs = [(i * n, _pool.submit(_chunk_crc, str(path), i * n, min(n, entry["size"] - i * n), fn), crc)
-                for i, crc in enumerate(crcs)]
-        jobs.append((path, name, key, futs))
-    for path, name, key, futs in jobs:
-        bad = [off for off, fut, crc in futs if fut.result() != crc]
+        n, size = entry["chunk_bytes"], entry["size"]
+        futs = [_pool.submit(_chunk_crc, str(path), i * n, min(n, size - i * n), fn) for i in range(len(crcs))]
+        jobs.append((path, name, key, futs, crcs, n, size))
+    for path, name, key, futs, crcs, n, size in jobs:
+        bad = [i for i, (fut, crc) in enumerate(zip(futs, crcs, strict=True)) if fut.result() != crc]
         if bad:
-            raise CheckpointCorruptError(f"{path}: {name} mismatch at byte {bad[0]} (corrupted)", step=step, path=str(path))
+            raise CheckpointCorruptError(f"{path}: {name} mismatch in {_chunk_range(bad, n, size)}: corrupted",
+                                         step=step, path=str(path))
         _verified.add(key)
+
+
+def _chunk_range(bad: list[int], n: int, size: int) -> str:
+    """Where the first bad chunk lies in its file, e.g. ``bytes 16777216-33554431 of 40000000 (chunk 2 of 3,
+    16777216 B each)``: the checksums cover whole chunks, so the damage is somewhere in that range."""
+    first = bad[0] * n
+    more = f"; {len(bad) - 1} more bad chunk(s) after it" if len(bad) > 1 else ""
+    return (f"bytes {first}-{min(first + n, size) - 1} of {size} (chunk {bad[0] + 1} of {-(-size // n)}, "
+            f"{n} B each{more})")
 
 
 def read_manifest(step_dir: str | os.PathLike) -> dict:

@@ -1,8 +1,9 @@
-"""The writer: one persistent background process per rank, started once and reused.
+"""The writer: one persistent background process per rank, started once and reused (trainer side).
 
 A thread would share the GIL with training and stall its Python work for the length of the write;
 a process per save would pay ``import torch`` (~1.5 s) every time. So each rank starts one writer
-when the :class:`~nvrx_lab.checkpoint.AsyncCheckpointer` is created and talks to it over a socket pair:
+when the :class:`~nvrx_lab.checkpoint.AsyncCheckpointer` is created (:mod:`.writer_main`: forked in
+milliseconds, or a clean interpreter in ~2 s) and talks to it over a socket pair:
 
 * request: step, temporary folder, the rank's final DCP plan, the staging region's path and the
   :class:`~.staging.Slot` of each tensor item, the serialised non-tensor values, the bandwidth cap.
@@ -15,14 +16,10 @@ moment it arrives, through the callback given to :meth:`WriterProcess.submit`, s
 of it even while this rank's training loop is busy elsewhere; a writer that dies mid-write is
 posted as a failure too.
 
-The writer is a clean interpreter that imports this module (``python -c "…writer_main(…)"``), not a
-``multiprocessing`` child: a ``spawn`` child re-imports the trainer's ``__main__``, which runs a script
-without an ``if __name__ == "__main__":`` guard all over again. Until the writer says ``ready``
-(it imports torch, ~2 s), a request waits in the trainer (:class:`WriterProcess` sends it then), so
-staging never waits for the writer to be up; a newer save replaces a request not sent yet.
+Until the writer says ``ready``, a submitted request is held in the trainer and sent the moment it
+is; the checkpointer's next save waits for it (a save is never dropped because its writer starts).
 
-The writer lowers its own CPU and I/O priority first (:mod:`.priority`: it yields to the ranks).
-It maps the staging region (once per region), builds exact-size tensor views over it,
+The writer maps the staging region (once per region), builds exact-size tensor views over it,
 writes with :func:`~.shards.write_shards` and answers; it writes nothing else.
 Once mapped, the region's name is removed, so a trainer killed mid-write leaves nothing in
 ``/dev/shm`` (one killed while staging, before the writer mapped the region, still does).
@@ -39,113 +36,58 @@ from __future__ import annotations
 import logging
 import os
 import queue
-import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from nvrx_lab import liveness
 from nvrx_lab.net import wait_for
 
 from .priority import WriterPriority
+from .writer_main import ForkedWriter, can_fork, command
 
 log = logging.getLogger(__name__)
 PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 
 
-def _serve(msg: dict, regions: dict) -> dict:
-    from .shards import write_shards
-    from .staging import open_region, slot_view
-
-    step, tmp, rank = msg["step"], Path(msg["tmp"]), msg["rank"]
-    if msg["region"] not in regions:
-        for old in list(regions):
-            regions.pop(old).close()
-        regions[msg["region"]] = open_region(msg["region"])
-        try:  # the trainer unlinks it too once this save is collected: too late if it is killed before
-            os.unlink(msg["region"])
-        except OSError:  # gone already, or not ours to remove: the trainer's unlink stays the fallback
-            pass
-    mm = regions[msg["region"]]
-    data = {item.index: slot_view(mm, slot) for item, slot in zip(msg["tensor_items"], msg["slots"], strict=True)}
-    data.update(msg["byte_items"])
-    try:
-        results, files, write_s = write_shards(tmp, rank, msg["plan"], data, msg["bandwidth"], step)
-    finally:
-        data.clear()
-    return {"bytes": sum(f["size"] for f in files.values()), "write_s": write_s, "files": files, "results": results}
-
-
-def _exit_with_trainer(death_fd: int) -> None:
-    """Watch thread: the pipe reads EOF once the trainer is gone; exit at once, even mid-write."""
-    while os.read(death_fd, 1):
-        pass
-    os._exit(1)
-
-
-def writer_main(conn_fd: int, death_fd: int, **priority) -> None:
-    """The writer process: lower its priority (:class:`~.priority.WriterPriority` ``**priority``), then
-    serve requests until ``None`` or the trainer's death."""
-    not_applied = WriterPriority(**priority).apply()
-    threading.Thread(target=_exit_with_trainer, args=(death_fd,), daemon=True, name="nvrx-ckpt-trainer-watch").start()
-    if hasattr(signal, "SIGXFSZ"):
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the trainer decides
-    conn = Connection(conn_fd)
-    from . import shards  # noqa: F401 - imports torch: the slow part of the start-up
-
-    regions: dict = {}
-    conn.send(("ready", None, {"pid": os.getpid(), "not_applied": not_applied}))
-    while True:
-        try:
-            msg = conn.recv()
-        except EOFError:
-            break
-        if msg is None:
-            break
-        try:
-            conn.send(("done", msg["step"], _serve(msg, regions)))
-        except Exception as e:  # noqa: BLE001 - reported to the trainer, the writer lives on
-            info = {"step": msg["step"], "rank": msg["rank"], "path": getattr(e, "path", None) or msg["tmp"],
-                    "errno": getattr(e, "errno", None), "error": f"{type(e).__name__}: {e}"}
-            conn.send(("error", msg["step"], info))
-    for mm in regions.values():
-        mm.close()
-
-
-def command(conn_fd: int, death_fd: int, priority: WriterPriority) -> list[str]:
-    """A clean interpreter running :func:`writer_main` (never the trainer's ``__main__``)."""
-    return [sys.executable, "-c", "from nvrx_lab.checkpoint.writer import writer_main; "
-            f"writer_main({conn_fd}, {death_fd}, {priority.as_args()})"]
-
-
 class WriterProcess:
     """Trainer side of one rank's writer: submit a request, poll for its outcome.
 
-    One request at a time. A request submitted before the writer is ready is held here and sent by
-    the reader thread when ``ready`` arrives; :meth:`replace_unsent` swaps it for a newer one."""
+    The writer is forked from the trainer when :func:`can_fork` (ready in milliseconds), else started
+    as a clean interpreter (``fork=False`` asks for that; ~2 s, it imports torch). One request at a
+    time. A request submitted before the writer is ready is held here and sent by the reader thread
+    when ``ready`` arrives (:attr:`ready`, :meth:`wait_ready`)."""
 
-    def __init__(self, rank: int = 0, priority: WriterPriority | None = None):
+    def __init__(self, rank: int = 0, priority: WriterPriority | None = None, fork: bool | None = None):
         self.rank = rank
+        priority = priority or WriterPriority()
+        self.forked = can_fork() if fork is None else fork and can_fork()
         ours, theirs = socket.socketpair()
         death_r, self._death_w = os.pipe()  # both ends non-inheritable: only the writer gets death_r
         self._stderr = tempfile.TemporaryFile()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [PACKAGE_PARENT, os.environ.get("PYTHONPATH")]))}
+        self.started_at = time.monotonic()
         try:
-            self.process = subprocess.Popen(
-                command(theirs.fileno(), death_r, priority or WriterPriority()),
-                pass_fds=(theirs.fileno(), death_r), stdin=subprocess.DEVNULL, stdout=self._stderr,
-                stderr=self._stderr, env=env)
+            if self.forked:
+                self.process = ForkedWriter(theirs.fileno(), death_r, self._stderr.fileno(), priority)
+            else:
+                env = {**os.environ,
+                       "PYTHONPATH": os.pathsep.join(filter(None, [PACKAGE_PARENT, os.environ.get("PYTHONPATH")]))}
+                self.process = subprocess.Popen(
+                    command(theirs.fileno(), death_r, priority), pass_fds=(theirs.fileno(), death_r),
+                    stdin=subprocess.DEVNULL, stdout=self._stderr, stderr=self._stderr, env=env)
         finally:
             theirs.close()
             os.close(death_r)
         self._conn = Connection(ours.detach())
         self._lock = threading.Lock()
         self._ready = threading.Event()
+        self.ready_s: float | None = None
+        """Seconds from the start to ``ready`` (how long a save could have had to wait for it)."""
         self._unsent: dict | None = None
         self._on_outcome: Callable[[str, dict], object] | None = None
         self._responses: queue.Queue = queue.Queue()
@@ -165,6 +107,7 @@ class WriterProcess:
                 for why in info.get("not_applied", ()):
                     log.warning("checkpoint writer of rank %d runs at the trainer's priority: %s", self.rank, why)
                 with self._lock:
+                    self.ready_s = time.monotonic() - self.started_at
                     self._ready.set()
                     if self._unsent is not None:
                         self._send(self._unsent)
@@ -198,7 +141,8 @@ class WriterProcess:
 
     def wait_ready(self, timeout: float = 120.0) -> None:
         """Block until the writer has imported torch and is listening; raise at once if it died."""
-        wait_for(self._started, timeout, f"the checkpoint writer of rank {self.rank} to be ready", interval=0.0)
+        wait_for(self._started, timeout, f"the checkpoint writer of rank {self.rank} to be ready", interval=0.0,
+                 on_poll=liveness.beat)
 
     def _started(self) -> bool:
         if self._ready.wait(0.05):
@@ -241,14 +185,6 @@ class WriterProcess:
             else:
                 self._unsent = msg
 
-    def take_unsent(self) -> dict | None:
-        """The request in flight if the writer has not received it yet (it is then withdrawn), else None."""
-        with self._lock:
-            if self._unsent is None:
-                return None
-            msg, self._unsent, self.in_flight, self._on_outcome = self._unsent, None, None, None
-            return msg
-
     def poll(self, timeout: float = 0.0) -> tuple[str, int, dict] | None:
         """Outcome of the request in flight: ("done"|"error"|"died", step, info), or None if still busy."""
         if self.in_flight is None:
@@ -264,6 +200,21 @@ class WriterProcess:
             return "died", lost["step"], {"exitcode": self.process.returncode, "why": self.why(), "tmp": lost["tmp"]}
         self.in_flight = None
         return got
+
+    def wait(self, timeout: float) -> tuple[tuple[str, int, dict] | None, float]:
+        """Wait for the outcome of the request in flight: the writer's start if it is still starting, then
+        the write, beating :mod:`nvrx_lab.liveness` meanwhile. A writer that has not answered within
+        ``timeout`` is killed (its outcome is then ``died``). Returns (outcome, seconds spent waiting for
+        the writer to start)."""
+        t0, starting = time.monotonic(), not self.ready
+        try:
+            outcome = wait_for(lambda: self.poll(timeout=0.05), timeout, f"the writer of rank {self.rank} to finish "
+                               f"step {self.in_flight['step']}", interval=0.0, on_poll=liveness.beat)
+        except TimeoutError:
+            self.process.kill()
+            outcome = self.poll(timeout=10.0)
+        ready_at = self.started_at + self.ready_s if self.ready_s is not None else time.monotonic()
+        return outcome, max(0.0, ready_at - t0) if starting else 0.0
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop the writer; the request in flight, if any, is announced no more (its save is over for the caller)."""

@@ -96,6 +96,9 @@ class CallWrapper:
         self._on_first_ping = on_first_ping
         self.records: dict[str, float] = {}
         """Values the function reported with :meth:`record` (``reload_s`` goes into the restart log)."""
+        self.last_restart = None
+        """The :class:`~.restart_log.RestartRecord` of the restart that began this attempt (cause, fault rank,
+        ``t_fault``); ``None`` in the first attempt."""
 
     def close(self) -> None:
         """The attempt is over: drop every reference to the wrapper's machinery (a function that

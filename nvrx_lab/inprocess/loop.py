@@ -11,8 +11,7 @@ What :class:`~.wrap.Wrapper` runs on every rank, top to bottom::
         if every active rank returned: drain and destroy the group; done
         teardown (destroy the group)   -> abort_s
         health checks (the exception, detached from its frames) -> health_s
-        release the attempt's memory: gc until nothing is left, then the CUDA cache (teardown.py)
-        limits (max_iterations)
+        release the attempt's memory: gc until nothing is left, then the CUDA cache (teardown.py); limits
         rendezvous n+1 without the dead -> rendezvous_s, new ranks (min_world_size)
         restart record emitted at the next attempt's first ping (reload_s, back_s)
 """
@@ -23,6 +22,7 @@ import os
 import sys
 import time
 
+from nvrx_lab import liveness
 from nvrx_lab.net import wait_for
 
 from . import monitor_process, rendezvous, teardown
@@ -35,8 +35,7 @@ from .state import State
 from .store import RestartStore, connect, connect_reporting
 from .watch import KeyWatch, Watched
 
-ATTEMPT_WAIT_S = 365 * 24 * 3600.0
-"""Bound of the wait for an attempt's end: none in practice (the attempt ends with a fault or done)."""
+ATTEMPT_WAIT_S = 365 * 24 * 3600.0  # bound of the wait for an attempt's end: none (it ends with a fault or done)
 
 
 def _env_int(name: str, default: int | None = None) -> int:
@@ -161,12 +160,14 @@ class RestartLoop:
         on_first = (lambda cw: self._emit_unarmed(pending, cw.records)) if pending is not None else None
         cw = CallWrapper(state, self.pg_client, self.pg_client_fds, self.monitor, self.sockets, self.progress,
                          self.cfg.pg_timeout, on_first, self.cfg.nccl_min_timeout, self.cfg.gloo_max_timeout)
+        cw.last_restart, stop_listening = pending, liveness.listen(cw._touch)  # a layer's bounded wait: progress
         active = [r for r, k in state.assignment.items() if k is not None]
         end = self.watch.watch(self.store.end_key(n), ATTEMPT_WAIT_S)
         self.monitor.arm(state, end)
         try:
             return self._run_attempt(state, cw, active, end, args, kwargs)
         finally:
+            stop_listening()
             cw.close()
 
     def _run_attempt(self, state: State, cw: CallWrapper, active: list[int], end: Watched, args, kwargs):
@@ -279,8 +280,7 @@ class RestartLoop:
         self.emit("restart", **{**record.fields(), "rank": self.me})
         self._emitted.add(id(record))
         if record.new_rank == 0:  # one console line per restart, as the launcher prints its own
-            back = f"back in {record.back_s:.2f} s" if record.back_s is not None else "back"
-            print(f"[nvrx_lab.inprocess] RESTART {back}: {record.line()}", file=sys.stderr, flush=True)
+            print(f"[nvrx_lab.inprocess] RESTART {record.line()}", file=sys.stderr, flush=True)
 
     def _shutdown(self) -> None:
         if self.monitor is not None:

@@ -52,7 +52,8 @@ class RestartRecord:
     reload_s: float | None = None
     """Reported by the function (``call_wrapper.record("reload_s", s)``), e.g. checkpoint load."""
     back_s: float | None = None
-    """Fault -> this rank's first ``ping()`` of the next attempt."""
+    """Fault -> this rank's first ``ping()`` of the next attempt (a phase: the function has not resumed yet;
+    the trainer's recovery figure runs to its first step, :mod:`nvrx_lab.resume`)."""
     world_size: int = 0
     """Active ranks in the next attempt."""
     new_rank: int | None = None

@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args, settings = parse(argv)
     except ConfigError as e:
-        print(f"nvrx-lab-launch: error: {e}", file=sys.stderr)
+        print(f"error: {e}", file=sys.stderr)
         return 2
 
     from torch.distributed.run import config_from_args
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         config, cmd, cmd_args = config_from_args(args)
         policy = make_policy(settings.restart_policy, config.nproc_per_node, settings.min_healthy)
     except (ValueError, AssertionError) as e:
-        print(f"nvrx-lab-launch: error: {e}", file=sys.stderr)
+        print(f"error: {e}", file=sys.stderr)
         return 2
     if not config.run_id or config.run_id == "none":
         config.run_id = str(uuid.uuid4().int)

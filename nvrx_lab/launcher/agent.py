@@ -27,6 +27,7 @@ What it changes, and why:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -38,7 +39,7 @@ from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, W
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
 
-from nvrx_lab.launcher.monitor import MonitorServer
+from nvrx_lab.launcher.monitor import LAST_FAILURE_ENV, MonitorServer
 from nvrx_lab.launcher.policy import USAGE_ERROR, RestartPolicy, any_failed
 from nvrx_lab.launcher.restart_log import Failure, RestartLog, describe_exit
 from nvrx_lab.launcher.standby import Zygote
@@ -197,5 +198,8 @@ class HeartbeatAgent(LocalElasticAgent):
             return RunResult(state=WorkerState.HEALTHY)
         nxt = self.restart_count + 1 if self._remaining_restarts > 0 else None
         self.restart_log.failure(lost, nxt)
+        first = lost[0]  # the likely cause: what the next workers say they recovered from (inherited environment)
+        os.environ[LAST_FAILURE_ENV] = json.dumps({"t": time.time() - (first.detect_s or 0.0), "rank": first.rank,
+                                                   "cause": first.reason})
         hung_only = all(f.reason == "hang" for f in lost)
         return RunResult(state=WorkerState.UNHEALTHY if hung_only else WorkerState.FAILED)

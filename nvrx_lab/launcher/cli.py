@@ -11,17 +11,22 @@
 own flags; we only lower the latter's default to 5 s. ``--config FILE.yaml`` holds the same settings
 as keys (``heartbeat_timeout: 3``, ``section_timeouts: {checkpoint: 60}``, ...); explicit flags win
 over the file, the file over the defaults. An unknown key or a wrong type is an error naming it.
+Flags are never abbreviated, and a bad one is one ``error:`` line (:class:`nvrx_lab.cli.Parser`, with
+torchrun's parser as its parent).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from torch.distributed.run import get_args_parser
 
+from nvrx_lab.cli import Parser, check_writable
+from nvrx_lab.launcher.restart_log import METRICS_ENV
 from nvrx_lab.launcher.timeouts import Timeouts, parse_section_timeouts
 
 
@@ -76,16 +81,15 @@ class ConfigError(ValueError):
     """A bad flag or config value; the message names it and what is valid."""
 
 
-def _positive(name: str):
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} needs a number of seconds, got {text!r}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"{name} must be > 0 seconds, got {text!r}")
-        return value
-    return parse
+def _seconds(text: str) -> float:
+    """A timeout flag's value; argparse prefixes the flag's name to the error."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"needs a number of seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text!r}")
+    return value
 
 
 def _sections(text: str) -> dict[str, float]:
@@ -96,14 +100,13 @@ def _sections(text: str) -> dict[str, float]:
 
 
 def get_parser() -> argparse.ArgumentParser:
-    parser = get_args_parser()
-    parser.prog = "nvrx-lab-launch"
-    parser.description = "torchrun with rank heartbeats, warm standby workers and logged restarts (nvrx_lab)."
+    parser = Parser(prog="python -m nvrx_lab.launcher", parents=[get_args_parser()], add_help=False,  # torchrun's -h joins too
+                    description="torchrun with rank heartbeats, warm standby workers and logged restarts (nvrx_lab).")
     g = parser.add_argument_group("heartbeats and restarts (nvrx_lab)")
     d = LauncherSettings()
-    g.add_argument("--heartbeat-timeout", type=_positive("--heartbeat-timeout"), default=d.heartbeat_timeout,
+    g.add_argument("--heartbeat-timeout", type=_seconds, default=d.heartbeat_timeout,
                    help="longest silence between two heartbeats before a rank is declared hung (s)")
-    g.add_argument("--initial-heartbeat-timeout", type=_positive("--initial-heartbeat-timeout"),
+    g.add_argument("--initial-heartbeat-timeout", type=_seconds,
                    default=d.initial_heartbeat_timeout, help="from init_workload_monitoring to the first heartbeat (s)")
     g.add_argument("--section-timeouts", type=_sections, default={}, metavar="NAME=S,...",
                    help="timeouts of named sections, e.g. checkpoint=60,eval=120")
@@ -170,4 +173,17 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, LauncherSe
     if args.min_healthy is not None and args.min_healthy < 1:
         raise ConfigError(f"--min-healthy must be >= 1, got {args.min_healthy}")
     settings = LauncherSettings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(LauncherSettings)})
+    check_metrics_file(settings.metrics_file)
     return args, settings
+
+
+def check_metrics_file(path: str | None) -> None:
+    """The restart log's event file (``--metrics-file``, else ``$NVRX_LAB_METRICS``) must be writable: one
+    ``error:`` line before anything starts, not a traceback once the workers are up."""
+    flag = "--metrics-file" if path else f"${METRICS_ENV}"
+    path = path or os.environ.get(METRICS_ENV)
+    if path:
+        try:
+            check_writable(path, flag)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None

@@ -28,7 +28,7 @@ import socket
 import sys
 import time
 
-from nvrx_lab.launcher.monitor import MONITOR_DIR_ENV, socket_path
+from nvrx_lab.launcher.monitor import LAST_FAILURE_ENV, MONITOR_DIR_ENV, socket_path
 from nvrx_lab.launcher.timeouts import Observed, Timeouts, calculate
 
 
@@ -50,6 +50,16 @@ class RankMonitorClient:
         self._t_init = self._last = 0.0
         self._first = True
         self._sections: dict[str, float] = {}
+
+    @staticmethod
+    def last_failure() -> dict | None:
+        """The failure the launcher restarted this worker group for: ``{"t", "rank", "cause"}`` (``t``: wall-clock
+        moment of its evidence: the exit seen, or the last heartbeat of a hung rank), or None in a first start."""
+        try:
+            failure = json.loads(os.environ.get(LAST_FAILURE_ENV, ""))
+        except json.JSONDecodeError:
+            return None
+        return failure if isinstance(failure, dict) and {"t", "rank", "cause"} <= set(failure) else None
 
     @staticmethod
     def available() -> bool:

@@ -37,6 +37,8 @@ from nvrx_lab.launcher.timeouts import RankClock, Timeouts, find_hang
 log = logging.getLogger(__name__)
 
 MONITOR_DIR_ENV = "NVRX_LAB_MONITOR_DIR"
+LAST_FAILURE_ENV = "NVRX_LAB_LAST_FAILURE"
+"""What the agent tells a restarted worker group of the failure it restarted for (JSON: t, rank, cause)."""
 """Environment variable that tells a worker where its monitor socket is."""
 
 

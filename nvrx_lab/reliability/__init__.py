@@ -75,6 +75,32 @@ def logger_at(name: str, level: int, handler: logging.Handler | None = None):
         logger.setLevel(before)
 
 
+class _AsInjected(logging.Filter):
+    def __init__(self, case: str, prefix: str):
+        super().__init__()
+        self.case, self.prefix = case, prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.startswith(self.prefix) and not str(record.msg).startswith("(expected"):
+            record.msg = f"(expected: injected by the case '{self.case}') {record.msg}"
+        return True
+
+
+@contextmanager
+def as_injected(row: Row, name: str = "nvrx_lab.checkpoint"):
+    """Errors the case provokes on purpose, labelled as such in the log (a bench run prints no real-looking
+    failure): every record of ``name``'s loggers inside the block is prefixed with the case's name."""
+    label = _AsInjected(row.case, name)
+    handlers = [h for h in logging.getLogger().handlers] or [logging.lastResort]
+    for h in handlers:
+        h.addFilter(label)
+    try:
+        yield
+    finally:
+        for h in handlers:
+            h.removeFilter(label)
+
+
 @contextmanager
 def timed(row: Row):
     t0 = time.monotonic()
@@ -84,4 +110,4 @@ def timed(row: Row):
         row.seconds = time.monotonic() - t0
 
 
-__all__ = ["Row", "logger_at", "timed"]
+__all__ = ["Row", "as_injected", "logger_at", "timed"]

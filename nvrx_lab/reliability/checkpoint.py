@@ -49,7 +49,7 @@ import sys
 from pathlib import Path
 
 from nvrx_lab.checkpoint import AsyncCheckpointer, CheckpointCorruptError, CheckpointWriteError, committed_steps, step_dir
-from nvrx_lab.reliability import Row, logger_at, timed
+from nvrx_lab.reliability import Row, as_injected, logger_at, timed
 from nvrx_lab.reliability.checkpoint_child import blank, fresh, holds_step, state_at, stray
 from nvrx_lab.reliability.checkpoint_crash import sigkill_trainer_mid_save, sigkill_writer_mid_save
 
@@ -114,7 +114,7 @@ def corruption(work: Path, mib: float = 0.5) -> Row:
     """Damage the newest of two checkpoints three ways; the fallback, its log line and the load error."""
     row = Row("corrupted checkpoint", "detected; latest_step falls back to the previous step and logs why; "
               "load of the bad step names the file")
-    with timed(row):
+    with timed(row), as_injected(row):
         for name, (file, damage, reason) in CORRUPTIONS.items():
             try:
                 problems = _corrupt_once(fresh(Path(work) / name.replace(" ", "_")), file, damage, reason, mib)
@@ -179,7 +179,7 @@ def disk_full(work: Path, mib: float = 1.0, tmpfs: bool | None = None) -> Row:
     row = Row("disk full", "finalize raises a clear error naming step and path; the previous checkpoint "
               "is intact; the same save commits once space is back")
     mnt = fresh(Path(work) / "disk")  # a 4 MiB tmpfs when it can be mounted
-    with timed(row):
+    with timed(row), as_injected(row):
         tmpfs = tmpfs is not False and _mount_tmpfs(mnt, "4m")
         row.figures["mode"] = "tmpfs" if tmpfs else "RLIMIT_FSIZE"
         soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
@@ -229,7 +229,7 @@ def permission_denied(work: Path, timeout: float = 120.0) -> Row:
               "is intact; after chmod back the next save commits")
     folder = fresh(Path(work) / "ckpt")
     cmd = [sys.executable, "-m", "nvrx_lab.reliability.checkpoint_child", "readonly", str(folder)]
-    with timed(row):
+    with timed(row), as_injected(row):
         as_root = os.geteuid() == 0
         row.figures["ran_as"] = "uid 0 without CAP_DAC_OVERRIDE" if as_root else f"uid {os.geteuid()}"
         try:

@@ -1,0 +1,212 @@
+"""Every command line says a user's mistake in one line: ``error: ...`` on stderr naming the flag or path and
+what is valid, exit code 2, no usage dump and no traceback; flags are never abbreviated; ``--help`` still
+prints the usage (exit 0). The real CLIs run as subprocesses: the trainer, the launcher, the bench and each
+of its benchmarks."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+
+import pytest
+
+from nvrx_lab.bench.__main__ import available
+from nvrx_lab.cli import check_writable
+
+TRAIN = ["-m", "nvrx_lab.train"]
+LAUNCH = ["-m", "nvrx_lab.launcher"]
+BENCH = ["-m", "nvrx_lab.bench"]
+
+
+def cli(*args: str, timeout: float = 60, preexec_fn=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=preexec_fn)
+
+
+def one_error_line(res: subprocess.CompletedProcess) -> str:
+    """The one line of a usage error (asserting exit 2 and nothing else on stderr)."""
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.returncode == 2, (res.returncode, res.stderr[-3000:])
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr[-3000:]
+    return lines[0]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("args, needles", [
+    (["--bogus"], ["unrecognized arguments: --bogus", "(see python -m nvrx_lab.train --help)"]),
+    (["--steps", "ten"], ["argument --steps: expected an integer, got 'ten'"]),
+    (["--lr", "fast"], ["argument --lr: expected a number, got 'fast'"]),
+    (["--ckpt-di", "x"], ["--ckpt-di", "flags are never abbreviated: did you mean --ckpt-dir?"]),  # not --ckpt-dir
+    (["--ckpt-intervl", "3"], ["--ckpt-intervl", "did you mean --ckpt-interval?"]),
+    (["--device", "tpu"], ["argument --device: invalid choice: 'tpu'", "'cpu'"]),
+    (["--ckpt", "async"], ["--ckpt async needs --ckpt-dir DIR"]),  # the trainer's own checks, one line too
+    (["--steps"], ["argument --steps: expected one argument"]),
+])
+def test_trainer_usage_error_is_one_line(args, needles):
+    line = one_error_line(cli(*TRAIN, *args))
+    assert all(n in line for n in needles), line
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("args, needles", [
+    (["--bogus", "w.py"], ["unrecognized arguments: --bogus", "(see python -m nvrx_lab.launcher --help)"]),
+    (["--nproc", "2", "w.py"], ["flags are never abbreviated: did you mean --nproc-per-node?"]),  # torchrun's flag
+    (["--heartbeat-tim", "3", "w.py"], ["did you mean --heartbeat-timeout?"]),  # one of ours
+    (["--heartbeat-timeout", "-1", "w.py"], ["argument --heartbeat-timeout: must be > 0 seconds, got '-1'"]),
+    (["--max-restarts", "x", "w.py"], ["--max-restarts", "expected an integer, got 'x'"]),
+    (["--restart-policy", "x", "w.py"], ["argument --restart-policy: invalid choice: 'x'", "'min-healthy'"]),
+    (["--nproc-per-node", "1"], ["the following arguments are required: training_script"]),
+    (["--config", "/nonexistent/c.yaml", "w.py"], ["--config /nonexistent/c.yaml: cannot read"]),
+])
+def test_launcher_usage_error_is_one_line(args, needles):
+    line = one_error_line(cli(*LAUNCH, *args))
+    assert all(n in line for n in needles), line
+
+
+@pytest.mark.timeout(60)
+def test_launcher_metrics_file_that_cannot_be_written_is_one_line(tmp_path):
+    (tmp_path / "file").write_text("")
+    line = one_error_line(cli(*LAUNCH, "--metrics-file", str(tmp_path / "file" / "m.jsonl"), "w.py"))
+    assert f"--metrics-file {tmp_path / 'file' / 'm.jsonl'} cannot be created: {tmp_path / 'file'} is a file" in line
+
+
+@pytest.mark.timeout(120)
+def test_launcher_does_not_retry_a_worker_usage_error():
+    """``--ckpt-di`` reaches the trainer under the launcher: one error line from the worker, exit 2, no restart."""
+    res = cli(*LAUNCH, "--standalone", "--nproc-per-node", "1", "--max-restarts", "3", "--monitor-interval", "0.2",
+              *TRAIN, "--steps", "2", "--ckpt-di", "x", timeout=100)
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert "error: unrecognized arguments: --ckpt-di x" in res.stderr and "not restarting" in res.stderr, res.stderr[-3000:]
+    assert "restart 1/3" not in res.stderr
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("args, needle", [
+    (["nope"], "error: unknown benchmark 'nope'; choose one of checkpoint,"),
+    ([], "error: no benchmark given; choose one of checkpoint,"),
+    (["--bogus"], "error: unknown benchmark '--bogus'"),
+])
+def test_bench_dispatch_error_is_one_line(args, needle):
+    line = one_error_line(cli(*BENCH, *args))
+    assert line.startswith(needle), line
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", available())
+def test_every_benchmark_rejects_an_unknown_flag_in_one_line(name):
+    line = one_error_line(cli(*BENCH, name, "--bogus"))
+    assert line == f"error: unrecognized arguments: --bogus (see python -m nvrx_lab.bench {name} --help)", line
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("args, needle", [
+    (["checkpoint", "--rep", "3"], "flags are never abbreviated: did you mean --repeats?"),
+    (["checkpoint", "--repeats", "x"], "argument --repeats: expected a number > 0, got 'x'"),
+    (["efficiency", "--repeats", "0"], "--repeats must be >= 1, got 0"),  # a check after parsing
+    (["reliability", "--cases", "zz"], "--cases: unknown zz; choose from"),
+])
+def test_benchmark_usage_error_is_one_line(args, needle):
+    line = one_error_line(cli(*BENCH, *args))
+    assert needle in line, line
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("args, needle", [
+    (TRAIN, "--ckpt-interval"),
+    (LAUNCH, "--heartbeat-timeout"),
+    (BENCH, "{checkpoint,"),
+    ([*BENCH, "checkpoint"], "--sizes-mib"),
+])
+def test_help_still_prints_the_usage(args, needle):
+    res = cli(*args, "--help")
+    assert res.returncode == 0 and res.stdout.startswith("usage: ") and needle in res.stdout, res.stderr[-2000:]
+    assert not res.stderr.strip(), res.stderr[-2000:]
+
+
+# ------------------------------------------------------------------ a checkpoint folder that cannot be written
+def _without_mode_override():
+    """``preexec_fn``: drop from the bounding set the capabilities that let root ignore file modes
+    (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER), as the reliability bench's read-only case does."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def drop() -> None:
+        for cap in (1, 2, 3):
+            if prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+                raise OSError(ctypes.get_errno(), f"prctl(PR_CAPBSET_DROP, {cap})")
+    return drop
+
+
+def _ckpt(folder, *more: str, preexec_fn=None) -> subprocess.CompletedProcess:
+    return cli(*TRAIN, "--steps", "2", "--global-batch", "4", "--seq-len", "32", "--ckpt", "sync",
+               "--ckpt-dir", str(folder), *more, preexec_fn=preexec_fn)
+
+
+@pytest.mark.timeout(60)
+def test_ckpt_dir_under_a_file_is_one_line_and_nothing_is_written(tmp_path):
+    """Fails for root too: no folder can be made under a regular file."""
+    (tmp_path / "somefile").write_text("mine")
+    line = one_error_line(_ckpt(tmp_path / "somefile" / "ckpt"))
+    assert line.startswith(f"error: --ckpt-dir {tmp_path / 'somefile' / 'ckpt'} cannot be created: "
+                           f"{tmp_path / 'somefile'} is a file, not a folder"), line
+    assert (tmp_path / "somefile").read_text() == "mine" and sorted(os.listdir(tmp_path)) == ["somefile"]
+
+
+@pytest.mark.timeout(60)
+def test_ckpt_dir_in_a_folder_without_write_permission_is_one_line(tmp_path):
+    """chmod 0o500; as root, the trainer runs without the capabilities that ignore file modes."""
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o500)
+    drop = _without_mode_override() if os.geteuid() == 0 else None
+    try:
+        res = _ckpt(ro / "ckpt", preexec_fn=drop)
+    except subprocess.SubprocessError as e:  # prctl refused: root here cannot be made to honour file modes
+        pytest.skip(f"cannot drop CAP_DAC_OVERRIDE for a root child: {e}")
+    finally:
+        ro.chmod(0o700)
+    line = one_error_line(res)
+    assert line.startswith(f"error: --ckpt-dir {ro / 'ckpt'} cannot be written: {ro} is not writable by uid "), line
+    assert "(mode 0500" in line and f"make {ro} writable" in line, line
+    assert not os.listdir(ro), "something was written into the read-only folder"
+
+
+@pytest.fixture
+def read_only_mount(tmp_path):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mnt)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a read-only tmpfs here (needs root / CAP_SYS_ADMIN)")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+@pytest.mark.timeout(60)
+def test_ckpt_dir_on_a_read_only_file_system_is_one_line(read_only_mount):
+    """Fails for root too (the kernel refuses writes on a read-only mount whatever the capabilities)."""
+    line = one_error_line(_ckpt(read_only_mount / "ckpt"))
+    assert f"--ckpt-dir {read_only_mount / 'ckpt'} cannot be written: {read_only_mount} is on a read-only file system" \
+        in line, line
+
+
+def test_check_writable_names_the_path_and_writes_nothing(tmp_path):
+    (tmp_path / "somefile").write_text("")
+    with pytest.raises(ValueError, match=r"^--metrics .*/somefile/m.jsonl cannot be created: .*/somefile is a file"):
+        check_writable(tmp_path / "somefile" / "m.jsonl", "--metrics")
+    with pytest.raises(ValueError, match=r"^--metrics .* is a folder; pass a file path"):
+        check_writable(tmp_path, "--metrics")
+    with pytest.raises(ValueError, match=r"^--ckpt-dir .*/somefile is a file; pass a folder"):
+        check_writable(tmp_path / "somefile", "--ckpt-dir", folder=True)
+    check_writable(tmp_path / "new" / "deeper" / "m.jsonl", "--metrics")  # missing folders would be made
+    check_writable(tmp_path / "new" / "ckpt", "--ckpt-dir", folder=True)
+    assert sorted(os.listdir(tmp_path)) == ["somefile"]
+
+
+@pytest.mark.timeout(60)
+def test_metrics_path_that_cannot_be_written_is_one_line(tmp_path):
+    (tmp_path / "somefile").write_text("")
+    line = one_error_line(cli(*TRAIN, "--steps", "2", "--metrics", str(tmp_path / "somefile" / "m.jsonl")))
+    assert f"--metrics {tmp_path / 'somefile' / 'm.jsonl'} cannot be created" in line, line
