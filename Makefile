@@ -34,17 +34,17 @@ workbook: $(STAMP)
 	@failed=""; \
 	for nb in $(NOTEBOOKS); do \
 		echo "== $$nb"; \
-		NVRX_LAB_SMOKE=$(SMOKE) $(PY) -m nvrx_lab.papermill_engine --cwd "$$(dirname "$$nb")" -k python3 --log-level WARNING \
+		NVRX_LAB_SMOKE=$(SMOKE) $(PY) -m nvrx_lab.workbook.papermill --cwd "$$(dirname "$$nb")" -k python3 --log-level WARNING \
 			"$$nb" "$(BUILD)/notebooks/$$(basename "$$nb")" || { echo "!! $$nb failed"; failed="$$failed $$nb"; }; \
 	done; \
-	report=ok; $(PY) -m nvrx_lab.report --build $(BUILD) || report=failed; \
+	report=ok; $(PY) -m nvrx_lab.observe.report --build $(BUILD) || report=failed; \
 	echo "executed notebooks: $(abspath $(BUILD))/notebooks/"; \
 	echo "report:             $(abspath $(BUILD))/report.md (and report.html)"; \
 	if [ -n "$$failed" ]; then \
 		echo "FAILED (each executed up to its error in $(abspath $(BUILD))/notebooks/):"; \
 		for nb in $$failed; do echo "  $$nb"; done; \
 	fi; \
-	if [ "$$report" = failed ]; then echo "FAILED: the report (python -m nvrx_lab.report --build $(BUILD))"; fi; \
+	if [ "$$report" = failed ]; then echo "FAILED: the report (python -m nvrx_lab.observe.report --build $(BUILD))"; fi; \
 	if [ -n "$$failed" ] || [ "$$report" = failed ]; then exit 1; fi; \
 	echo "every notebook ran"
 

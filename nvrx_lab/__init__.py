@@ -7,7 +7,7 @@ Three layers, each adoptable on its own, plus the glue that measures them:
 * :mod:`nvrx_lab.launcher`   — in-job restart launcher with rank heartbeats (notebook 03)
 * :mod:`nvrx_lab.eks`        — Kubernetes manifests and submission for EKS p5 (notebooks 05, 06)
 
-The trainer (:mod:`nvrx_lab.train`) composes them; :mod:`nvrx_lab.events` is the one event
+The trainer (:mod:`nvrx_lab.train`) composes them; :mod:`nvrx_lab.observe.events` is the one event
 stream everything writes and everything that measures reads. Start with
 ``notebooks/00_overview.ipynb``.
 """

@@ -29,7 +29,7 @@ class DistContext:
     first_start: bool = True
     """The first attempt of this launch (no launcher restart, no in-process restart before it)."""
     recovering: object = None
-    """What the restart layer saw of the fault this attempt recovers from (:class:`nvrx_lab.resume.Recovering`)."""
+    """What the restart layer saw of the fault this attempt recovers from (:class:`nvrx_lab.train.resume.Recovering`)."""
 
 
 def pick_device(device: str = "auto", local_rank: int = 0) -> torch.device:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from nvrx_lab.advisor import advise, checkpoint_efficiency, crashloop_delay, daly_interval, expected_goodput
+from nvrx_lab.observe.advisor import advise, checkpoint_efficiency, crashloop_delay, daly_interval, expected_goodput
 
 
 def test_daly_approaches_young_when_writes_are_cheap():

@@ -14,7 +14,7 @@ from nvrx_lab.eks import MODES, JobSpec, ManifestError, local_run, plan, render,
 from nvrx_lab.eks.crd import SCHEMAS
 from nvrx_lab.eks.jobset import child_job
 from nvrx_lab.eks.render import find
-from nvrx_lab.events import read_events
+from nvrx_lab.observe.events import read_events
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ("--seq-len", "16", "--dim", "32", "--n-layers", "1", "--n-heads", "2", "--hidden-dim", "64", "--log-every", "1")

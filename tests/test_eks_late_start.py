@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 
 from nvrx_lab.eks import JobSpec, local_run, render
-from nvrx_lab.events import read_events
+from nvrx_lab.observe.events import read_events
 
 TINY = ("--seq-len", "16", "--dim", "32", "--n-layers", "1", "--n-heads", "2", "--hidden-dim", "64", "--log-every", "1")
 

@@ -9,7 +9,7 @@ import pytest
 
 from nvrx_lab.eks import JobSpec, local_run, plan, render
 from nvrx_lab.eks.render import find
-from nvrx_lab.events import read_events
+from nvrx_lab.observe.events import read_events
 
 
 def test_plan_maps_dns_ports_gpus_and_paths_and_drops_host_secrets(tmp_path, monkeypatch):

@@ -5,7 +5,7 @@ import signal
 import threading
 import time
 
-from nvrx_lab.events import EventLog, read_events
+from nvrx_lab.observe.events import EventLog, read_events
 
 
 class Interrupt(BaseException):

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from nvrx_lab.events import EventLog, read_events
 from nvrx_lab.faults import Fault, FaultInjector, InjectedFault, format_schedule, make_schedule, parse_schedule
+from nvrx_lab.observe.events import EventLog, read_events
 
 
 def test_parse_round_trip():

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from nvrx_lab.cli import add_dataclass_args, dataclass_from_args, field_docs
-from nvrx_lab.data import SyntheticTokens
-from nvrx_lab.events import EventLog, read_events
+from nvrx_lab.observe.events import EventLog, read_events
+from nvrx_lab.train.data import SyntheticTokens
 
 
 def test_data_stream_is_independent_of_world_size_and_resumable():

@@ -8,7 +8,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-from nvrx_lab.goodput import analyze, format_report, plot_timeline
+from nvrx_lab.observe.goodput import analyze, format_report, plot_timeline
 
 
 def stream():

@@ -7,7 +7,7 @@ import contextlib
 
 import pytest
 
-from nvrx_lab.hooks import ComposeHooks, Hooks
+from nvrx_lab.train.hooks import ComposeHooks, Hooks
 
 
 class Recorder(Hooks):

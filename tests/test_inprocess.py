@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from nvrx_lab.events import read_events
 from nvrx_lab.inprocess import FillGaps, RestartLimitError, RestartRecord, ShiftRanks, Wrapper
 from nvrx_lab.inprocess.interrupt import MainThreadInterrupter, RankShouldRestart
 from nvrx_lab.inprocess.restart_log import root_cause
+from nvrx_lab.observe.events import read_events
 from nvrx_lab.reliability.restarts import inprocess_soak
 
 ROOT = Path(__file__).resolve().parents[1]

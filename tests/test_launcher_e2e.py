@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from nvrx_lab.events import read_events
+from nvrx_lab.observe.events import read_events
 from nvrx_lab.runner import Launcher, Worker, run
 
 ROOT = Path(__file__).resolve().parents[1]

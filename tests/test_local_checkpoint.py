@@ -20,8 +20,8 @@ from conftest import assert_one_curve, run_group
 from nvrx_lab.checkpoint import janitor
 from nvrx_lab.checkpoint.local import LocalCheckpointer, agreed_step
 from nvrx_lab.checkpoint.snapshot import SnapshotError, fill, layout, load_meta
-from nvrx_lab.events import read_events
 from nvrx_lab.net import free_port_pair
+from nvrx_lab.observe.events import read_events
 from nvrx_lab.reliability import local
 from nvrx_lab.runner import Launcher, RunResult, Torchrun, run, trainer
 
@@ -165,7 +165,7 @@ def test_the_meta_is_read_back_without_running_code():
 
 
 def test_the_step_bench_times_whole_steps_with_their_snapshot():
-    from nvrx_lab.timeline import step_periods  # the step bench's (and the recovery bench's) step period
+    from nvrx_lab.observe.timeline import step_periods  # the step bench's (and the recovery bench's) step period
 
     step = lambda s, t: {"kind": "step", "rank": 0, "step": s, "t": t, "step_time": 0.01}  # noqa: E731
     events = [step(1, 0.0), step(2, 0.1), step(3, 0.3), {"kind": "resume", "step": 2}, step(3, 5.0), step(4, 5.2)]

@@ -6,7 +6,7 @@ every fault kind; this is its smallest case: 2 nodes x 1 worker, one node loss."
 import pytest
 
 from nvrx_lab.bench import nodes
-from nvrx_lab.events import read_events
+from nvrx_lab.observe.events import read_events
 from nvrx_lab.reliability.trainer import curve_problem
 
 

@@ -36,7 +36,8 @@ def test_torch_is_pinned_and_peers_are_optional():
 
 
 @pytest.mark.parametrize("module", ["nvrx_lab", "nvrx_lab.checkpoint", "nvrx_lab.inprocess", "nvrx_lab.launcher",
-                                    "nvrx_lab.eks", "nvrx_lab.train", "nvrx_lab.faults", "nvrx_lab.bench", "nvrx_lab.report"])
+                                    "nvrx_lab.eks", "nvrx_lab.train", "nvrx_lab.faults", "nvrx_lab.bench",
+                                    "nvrx_lab.observe.report"])
 def test_every_part_imports(module):
     importlib.import_module(module)
 

@@ -12,10 +12,10 @@ import sys
 import pytest
 from conftest import ROOT, run_group
 
-from nvrx_lab.events import last_launch, read_events
-from nvrx_lab.goodput import analyze, idle_between_launches, restart_causes
-from nvrx_lab.resume import Reached, Start
+from nvrx_lab.observe.events import last_launch, read_events
+from nvrx_lab.observe.goodput import analyze, idle_between_launches, restart_causes
 from nvrx_lab.runner import Launcher, Torchrun
+from nvrx_lab.train.resume import Reached, Start
 
 RESUME = re.compile(r"\[nvrx_lab\] RESUME step (\d+) from (\w+) \(rolled back (\d+) steps?, step (\d+) was reached\); "
                     r"training again ([\d.]+) s after the fault \((\w+) on rank 1 in step (\d+)\)")

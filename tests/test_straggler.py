@@ -16,12 +16,12 @@ import torch
 from conftest import ROOT, run_group
 
 from nvrx_lab.bench.straggler import busy_loops
-from nvrx_lab.config import TrainConfig, check_config
-from nvrx_lab.events import last_run, read_events
 from nvrx_lab.faults import parse_schedule
 from nvrx_lab.net import free_port, free_port_pair
+from nvrx_lab.observe.events import last_run, read_events
 from nvrx_lab.runner import Spawn, Torchrun, trainer
 from nvrx_lab.straggler import Detector, identify_stragglers, individual_perf_scores, relative_perf_scores
+from nvrx_lab.train.config import TrainConfig, check_config
 
 SMALL = dict(global_batch=4, seq_len=32, log_every=0)
 
@@ -185,7 +185,7 @@ def test_restart_action_makes_the_straggler_leave_and_the_rest_finish(tmp_path):
 
 
 def test_goodput_counts_the_time_lost_to_a_slow_rank():
-    from nvrx_lab.goodput import analyze
+    from nvrx_lab.observe.goodput import analyze
 
     events = [{"t": 0.0, "kind": "start", "rank": 0, "new_run": True}]
     events += [{"t": 0.1 * s, "kind": "step", "rank": 0, "step": s, "step_time": 0.1} for s in range(1, 11)]

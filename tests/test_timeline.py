@@ -9,9 +9,9 @@ import pytest
 
 matplotlib.use("Agg")
 
-from nvrx_lab.demo_state import equal, make_state, mutate, zeros_like
-from nvrx_lab.table import format_table, median, p95
-from nvrx_lab.timeline import plot_restarts, recovery_times, step_periods
+from nvrx_lab.demo.state import equal, make_state, mutate, zeros_like
+from nvrx_lab.observe.table import format_table, median, p95
+from nvrx_lab.observe.timeline import plot_restarts, recovery_times, step_periods
 
 
 def launcher_run():

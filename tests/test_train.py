@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nvrx_lab.events import read_events
+from nvrx_lab.observe.events import read_events
 
 SMALL = ["--steps", "8", "--log-every", "0", "--global-batch", "4", "--seq-len", "32"]
 

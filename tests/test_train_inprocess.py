@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from conftest import assert_one_curve
 
-from nvrx_lab.events import read_events
+from nvrx_lab.observe.events import read_events
 
 
 @pytest.mark.timeout(150)

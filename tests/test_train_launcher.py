@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from conftest import assert_one_curve, run_group
 
-from nvrx_lab.events import read_events
-from nvrx_lab.goodput import analyze
+from nvrx_lab.observe.events import read_events
+from nvrx_lab.observe.goodput import analyze
 from nvrx_lab.runner import Launcher, trainer
 
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from nvrx_lab.events import read_events
+from nvrx_lab.observe.events import read_events
 
 ARGS = ["-m", "nvrx_lab.train", "--log-every", "0", "--global-batch", "4", "--seq-len", "32",
         "--ckpt", "async", "--ckpt-interval", "4"]

@@ -13,8 +13,8 @@ import time
 import pytest
 
 from nvrx_lab.checkpoint.commit import committed_steps
-from nvrx_lab.events import last_run, read_events
-from nvrx_lab.goodput import analyze
+from nvrx_lab.observe.events import last_run, read_events
+from nvrx_lab.observe.goodput import analyze
 
 TRAIN = [sys.executable, "-m", "nvrx_lab.train", "--log-every", "0", "--global-batch", "4", "--seq-len", "32"]
 

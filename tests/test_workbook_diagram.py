@@ -1,4 +1,4 @@
-"""Notebook 00's map (`nvrx_lab.diagram.draw_architecture`): every arrow ends where the text says it goes.
+"""Notebook 00's map (`nvrx_lab.observe.diagram.draw_architecture`): every arrow ends where the text says it goes.
 
 Read from the figure itself: each box is found by its label, each arrow by its two ends.
 """
@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch  # noqa: E402
 
-from nvrx_lab.diagram import draw_architecture  # noqa: E402
+from nvrx_lab.observe.diagram import draw_architecture  # noqa: E402
 
 
 def _boxes(ax) -> list[tuple[tuple[float, float, float, float], str]]:

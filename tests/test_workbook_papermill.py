@@ -4,7 +4,7 @@
 ``PapermillExecutionError`` whose ``ename`` is ``ParameterError`` and whose ``evalue`` is the one line naming the
 parameter, raised by the cell right after the parameters: no later cell ran, so nothing was launched (that cell
 only checks, see ``tests/test_notebooks_format.py``). Run against two notebooks, a few seconds each. The
-papermill command line is papermill's own, with the engine of :mod:`nvrx_lab.papermill_engine`, whose kernel
+papermill command line is papermill's own, with the engine of :mod:`nvrx_lab.workbook.papermill`, whose kernel
 connection is tested last: encrypted (no TCP warning), and no wait without a timeout that a missed wake-up
 could make endless.
 """
@@ -27,7 +27,7 @@ from jupyter_client.session import Session
 from papermill.cli import papermill as papermill_cli
 from papermill.exceptions import PapermillExecutionError
 
-from nvrx_lab.papermill_engine import ENGINE, POLL_SLICE_S, SlicedPollChannel, WorkbookKernelClient, kernel_config, register
+from nvrx_lab.workbook.papermill import ENGINE, POLL_SLICE_S, SlicedPollChannel, WorkbookKernelClient, kernel_config, register
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 PAPERMILL = Path(sys.executable).parent / "papermill"
@@ -73,7 +73,7 @@ def test_a_bad_parameter_stops_the_notebook_in_its_check_cell(notebook, case, tm
 @pytest.mark.timeout(180)
 def test_the_engine_runs_the_kernel_without_its_tcp_warning(tmp_path):
     """Plain papermill gets the kernel's warning on stderr (jupyter_client leaves transport encryption off);
-    through ``python -m nvrx_lab.papermill_engine`` the kernel gets CurveZMQ keys, runs, and has nothing to say."""
+    through ``python -m nvrx_lab.workbook.papermill`` the kernel gets CurveZMQ keys, runs, and has nothing to say."""
     nb = nbformat.v4.new_notebook()
     nb.metadata.kernelspec = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.cells = [nbformat.v4.new_code_cell("print(6 * 7)")]
@@ -86,7 +86,7 @@ def test_the_engine_runs_the_kernel_without_its_tcp_warning(tmp_path):
     assert plain.returncode == 0, plain.stderr
     assert TCP_WARNING in plain.stderr, f"the kernel no longer warns under plain papermill:\n{plain.stderr}"
 
-    ours = subprocess.run([sys.executable, "-m", "nvrx_lab.papermill_engine", str(path), str(tmp_path / "ours.ipynb"),
+    ours = subprocess.run([sys.executable, "-m", "nvrx_lab.workbook.papermill", str(path), str(tmp_path / "ours.ipynb"),
                            *common], capture_output=True, text=True, timeout=150)
     assert ours.returncode == 0, ours.stderr
     assert TCP_WARNING not in ours.stderr and "WARNING" not in ours.stderr, ours.stderr

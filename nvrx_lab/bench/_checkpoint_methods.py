@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from nvrx_lab.demo_state import zeros_like
+from nvrx_lab.demo.state import zeros_like
 
 METHODS = ["memcpy", "nvrx_async", "nvrx_sync", "torch.save", "dcp.save", "dcp.async_save[thread]",
            "dcp.async_save[process]", "dcp.async_save[process,shm]", "nvrx_peer.TorchAsyncCheckpoint"]

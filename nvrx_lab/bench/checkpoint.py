@@ -40,8 +40,8 @@ import torch
 
 from nvrx_lab.bench._checkpoint_methods import METHODS, Method
 from nvrx_lab.cli import Parser
-from nvrx_lab.demo_state import equal, make_state, mutate, zeros_like
-from nvrx_lab.table import exit_status, median, p95, report
+from nvrx_lab.demo.state import equal, make_state, mutate, zeros_like
+from nvrx_lab.observe.table import exit_status, median, p95, report
 
 
 def _rss_mib(who=resource.RUSAGE_SELF) -> float:

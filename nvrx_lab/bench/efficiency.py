@@ -14,8 +14,8 @@ the step time. Expected shape: async ≥ 99.5 % where the interval's compute exc
 
 Each run is ``python -m torch.distributed.run --nproc-per-node 2 -m nvrx_lab.train --steps N --ckpt
 {none,sync,async} --ckpt-interval K --ckpt-dir D --ckpt-write-bandwidth B --metrics M.jsonl``.
-The first-order model of these figures is :func:`nvrx_lab.advisor.checkpoint_efficiency`; a
-one-process stand-in for the runs (notebook 01) is :func:`nvrx_lab.demo_state.loop_efficiency`.
+The first-order model of these figures is :func:`nvrx_lab.observe.advisor.checkpoint_efficiency`; a
+one-process stand-in for the runs (notebook 01) is :func:`nvrx_lab.demo.state.loop_efficiency`.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from nvrx_lab.cli import Parser
-from nvrx_lab.events import read_events
+from nvrx_lab.observe.events import read_events
+from nvrx_lab.observe.table import median, report
 from nvrx_lab.runner import Torchrun, Value, run, trainer
-from nvrx_lab.table import median, report
 
 YIELDING = "async-writer-yields"
 """The async row with a writer that yields to training (nice 10, best-effort:7), against the default."""

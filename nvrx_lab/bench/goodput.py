@@ -22,14 +22,14 @@ import sys
 import time
 from pathlib import Path
 
-from nvrx_lab.advisor import crashloop_delay
 from nvrx_lab.cli import Parser
-from nvrx_lab.events import EventLog, read_events
 from nvrx_lab.faults import format_schedule, make_schedule
-from nvrx_lab.goodput import analyze, format_report
 from nvrx_lab.net import free_port_pair
+from nvrx_lab.observe.advisor import crashloop_delay
+from nvrx_lab.observe.events import EventLog, read_events
+from nvrx_lab.observe.goodput import analyze, format_report
+from nvrx_lab.observe.table import report
 from nvrx_lab.runner import Launcher, Spawn, Torchrun, Worker, head_for, run, trainer
-from nvrx_lab.table import report
 
 RECOVERY = ("baseline", "launcher", "inprocess", "launcher+inprocess")
 MODES = (*RECOVERY, *(f"{m}+local" for m in RECOVERY[1:]))

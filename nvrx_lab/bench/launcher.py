@@ -31,9 +31,9 @@ import time
 from pathlib import Path
 
 from nvrx_lab.cli import Parser
-from nvrx_lab.events import read_events
+from nvrx_lab.observe.events import read_events
+from nvrx_lab.observe.table import exit_status, median, p95, report
 from nvrx_lab.runner import Launcher, Torchrun, Worker, flat, run
-from nvrx_lab.table import exit_status, median, p95, report
 
 
 def heartbeat_cost_us(n: int = 50000, batches: int = 5) -> float:

@@ -33,9 +33,9 @@ from nvrx_lab.checkpoint import AsyncCheckpointer, integrity
 from nvrx_lab.checkpoint.local import LocalCheckpointer
 from nvrx_lab.cli import Parser
 from nvrx_lab.net import free_port_pair
+from nvrx_lab.observe.table import report
+from nvrx_lab.observe.timeline import step_periods
 from nvrx_lab.runner import Torchrun, run, trainer
-from nvrx_lab.table import report
-from nvrx_lab.timeline import step_periods
 
 
 class Blob:

@@ -34,9 +34,9 @@ from pathlib import Path
 from nvrx_lab.bench._job import JobFailed, NodeJob
 from nvrx_lab.cli import Parser
 from nvrx_lab.eks import JobSpec, render
-from nvrx_lab.events import read_events
 from nvrx_lab.net import wait_for
-from nvrx_lab.table import median, p95, report
+from nvrx_lab.observe.events import read_events
+from nvrx_lab.observe.table import median, p95, report
 
 KINDS = ("hang", "sigkill", "node-loss")
 MODES = {"launcher": "ft_launcher", "launcher+inprocess": "ft_launcher+inprocess"}

@@ -21,14 +21,14 @@ Hangs: the in-process wrapper interrupts after ``soft_timeout``; the other modes
 when the peer's gloo collective times out, set to the same value here (default 30 min!).
 Each fault is timed from the ``fault`` event (written just before it is injected) to the last
 first-step-of-the-next-attempt among the ranks that train again; ``recovered`` counts faults after
-which every such rank trained (:func:`nvrx_lab.timeline.recovery_times`). ``step_s`` is a step that
-follows no fault at the same world size (:func:`nvrx_lab.timeline.step_periods`), and ``x_step`` the recovery
+which every such rank trained (:func:`nvrx_lab.observe.timeline.recovery_times`). ``step_s`` is a step that
+follows no fault at the same world size (:func:`nvrx_lab.observe.timeline.step_periods`), and ``x_step`` the recovery
 in such steps: every recovery ends with one step, and on a box with fewer cores than ranks a step grows with
 the world size. In-process rows add where the time went (``detect_s`` … ``rendezvous_s``: each restart's
 slowest rank, from its ``restart`` events), and every row counts the processes of its jobs still alive
 afterwards (``left_running``, then killed); a job that ran past its limit, or a wrapped rank killed outright,
 is an ``error`` with the output. Time limits grow with the world size (every rank imports torch on the same
-cores). The worker is :mod:`nvrx_lab.recovery_worker`, run as ``python -m nvrx_lab.bench.recovery worker ...``.
+cores). The worker is :mod:`nvrx_lab.demo.recovery_worker`, run as ``python -m nvrx_lab.bench.recovery worker ...``.
 """
 
 from __future__ import annotations
@@ -41,11 +41,11 @@ from pathlib import Path
 
 from nvrx_lab.bench._procs import TAG_VAR, leftovers, new_tag
 from nvrx_lab.cli import Parser
-from nvrx_lab.events import read_events
-from nvrx_lab.recovery_worker import KINDS, worker
+from nvrx_lab.demo.recovery_worker import KINDS, worker
+from nvrx_lab.observe.events import read_events
+from nvrx_lab.observe.table import exit_status, median, p95, report
+from nvrx_lab.observe.timeline import recovery_times, step_periods
 from nvrx_lab.runner import Spawn, Torchrun, run
-from nvrx_lab.table import exit_status, median, p95, report
-from nvrx_lab.timeline import recovery_times, step_periods
 
 PHASES = ("detect_s", "abort_s", "health_s", "rendezvous_s")
 """The in-process restart's phases, as its ``restart`` events record them."""

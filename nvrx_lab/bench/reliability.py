@@ -17,8 +17,8 @@ import tempfile
 from pathlib import Path
 
 from nvrx_lab.cli import Parser
+from nvrx_lab.observe.table import report
 from nvrx_lab.reliability import Row
-from nvrx_lab.table import report
 
 GROUPS = ("crash", "corruption", "storage", "local", "soak", "section", "trainer", "bad_input")
 

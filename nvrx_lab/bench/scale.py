@@ -38,7 +38,7 @@ from nvrx_lab.bench._scale_procs import measure_restart_procs
 from nvrx_lab.cli import Parser
 from nvrx_lab.inprocess.store import host
 from nvrx_lab.net import free_port
-from nvrx_lab.table import report
+from nvrx_lab.observe.table import report
 
 
 def legacy_restart(ranks: Ranks, timeout: float) -> dict:

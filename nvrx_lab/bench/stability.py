@@ -29,12 +29,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from nvrx_lab.cli import Parser
-from nvrx_lab.events import read_events
 from nvrx_lab.faults import parse_schedule
-from nvrx_lab.goodput import analyze
 from nvrx_lab.net import free_port_pair
+from nvrx_lab.observe.events import read_events
+from nvrx_lab.observe.goodput import analyze
+from nvrx_lab.observe.table import median, report
 from nvrx_lab.runner import Value, head_for, run, trainer
-from nvrx_lab.table import median, report
 
 SMALL = dict(global_batch=4, seq_len=32, log_every=0)
 
@@ -99,7 +99,7 @@ class Trial:
     tail: str
     """Last lines of the run's output."""
     rollback_steps: int | None = None
-    """Steps trained again after the faults (:func:`nvrx_lab.goodput.analyze`): not judged, but a run that
+    """Steps trained again after the faults (:func:`nvrx_lab.observe.goodput.analyze`): not judged, but a run that
     never resumes from a checkpoint redoes everything since step 0."""
 
 

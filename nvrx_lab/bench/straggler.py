@@ -34,10 +34,10 @@ from pathlib import Path
 
 from nvrx_lab.bench._scale_model import measure_straggler_report
 from nvrx_lab.cli import Parser
-from nvrx_lab.events import last_run, read_events
 from nvrx_lab.net import free_port_pair
+from nvrx_lab.observe.events import last_run, read_events
+from nvrx_lab.observe.table import median, report
 from nvrx_lab.runner import Torchrun, run, trainer
-from nvrx_lab.table import median, report
 
 SMALL = dict(dim=64, n_layers=2, hidden_dim=172, global_batch=4, seq_len=32, log_every=0)
 """A small model: many steps per second, so 2,000 healthy steps take about a minute."""
@@ -111,9 +111,9 @@ def hook_us(calls: int = 2000, blocks: int = 15) -> tuple[float, int]:
     import torch
     from torch.nn.modules import module as nn_module
 
-    from nvrx_lab.config import TrainConfig, model_config
-    from nvrx_lab.model import Transformer
     from nvrx_lab.straggler import ComputeTimer
+    from nvrx_lab.train.config import TrainConfig, model_config
+    from nvrx_lab.train.model import Transformer
 
     torch.manual_seed(0)
     cfg = TrainConfig(**{k: v for k, v in SMALL.items() if k != "log_every"})

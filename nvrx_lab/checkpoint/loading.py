@@ -32,7 +32,7 @@ class Restored:
     rollback_steps: int | None = None
     """Steps between the newest snapshot any rank had committed and the step restored (a snapshot staged but
     not yet checksummed when its process died does not count); None when unknown (no local checkpoints:
-    ``nvrx_lab.goodput`` counts the redone steps from the events)."""
+    ``nvrx_lab.observe.goodput`` counts the redone steps from the events)."""
 
 
 def latest_step(root: Path, full: bool, rank: int, group, world: int,

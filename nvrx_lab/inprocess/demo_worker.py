@@ -34,9 +34,9 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from nvrx_lab.events import EventLog
 from nvrx_lab.faults import Fault, parse_schedule
 from nvrx_lab.inprocess import CallWrapper, FillGaps, ShiftRanks, Wrapper
+from nvrx_lab.observe.events import EventLog
 
 KINDS = ("exception", "hang", "hang_socket", "hang_native", "sigkill", "sigkill_all")
 

@@ -2,7 +2,7 @@
 =============================================================
 
 One :class:`RestartRecord` per restart on every rank, emitted as one JSON event
-``emit("restart", ...)`` on the trainer's event stream (:mod:`nvrx_lab.events`). The record is
+``emit("restart", ...)`` on the trainer's event stream (:mod:`nvrx_lab.observe.events`). The record is
 emitted when the restarted attempt first calls ``ping()`` (so ``reload_s`` reported by the
 function with ``call_wrapper.record("reload_s", s)`` and ``back_s`` — fault to training again —
 are known), or when that attempt ends before its first ping.
@@ -53,7 +53,7 @@ class RestartRecord:
     """Reported by the function (``call_wrapper.record("reload_s", s)``), e.g. checkpoint load."""
     back_s: float | None = None
     """Fault -> this rank's first ``ping()`` of the next attempt (a phase: the function has not resumed yet;
-    the trainer's recovery figure runs to its first step, :mod:`nvrx_lab.resume`)."""
+    the trainer's recovery figure runs to its first step, :mod:`nvrx_lab.train.resume`)."""
     world_size: int = 0
     """Active ranks in the next attempt."""
     new_rank: int | None = None

@@ -93,7 +93,7 @@ class Wrapper:
     abort: Callable = field(default_factory=AbortTorchDistributed)
     """``abort(state)`` run by the monitor thread to unblock collectives (see abort.py)."""
     emit: Callable | None = None
-    """Event sink ``emit(kind, **fields)``, e.g. ``nvrx_lab.events.EventLog(path, rank).emit``."""
+    """Event sink ``emit(kind, **fields)``, e.g. ``nvrx_lab.observe.events.EventLog(path, rank).emit``."""
 
     def __post_init__(self):
         self.soft_timeout = _seconds("soft_timeout", self.soft_timeout)

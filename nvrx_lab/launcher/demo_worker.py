@@ -32,9 +32,9 @@ import torch.distributed as dist  # noqa: E402
 
 IMPORT_S = time.perf_counter() - _t
 
-from nvrx_lab.events import EventLog  # noqa: E402
 from nvrx_lab.faults import Fault, parse_schedule  # noqa: E402
 from nvrx_lab.launcher.client import RankMonitorClient  # noqa: E402
+from nvrx_lab.observe.events import EventLog  # noqa: E402
 
 KINDS = ("kill", "hang", "exit", "slow")
 

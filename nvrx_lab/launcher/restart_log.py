@@ -5,7 +5,7 @@ People read (stderr)::
     [nvrx-lab-launch] worker group failed: rank 1 missed heartbeats for 3.0 s (timeout 3 s); restart 1/3
     [nvrx-lab-launch] restart 1/3: workers respawned in 0.41 s, all ranks beating after 1.02 s
 
-Programs read the run's event stream (:mod:`nvrx_lab.events`, file from ``--metrics-file`` or
+Programs read the run's event stream (:mod:`nvrx_lab.observe.events`, file from ``--metrics-file`` or
 ``NVRX_LAB_METRICS``): ``launcher_failure`` (rank, local_rank, reason, exit_code, signal, detect_s,
 restart_count, max_restarts, action), ``launcher_restart`` (respawn_s: detection -> new workers
 started) and ``launcher_ready`` (ready_s: detection -> every local rank's first heartbeat).
@@ -21,7 +21,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from nvrx_lab.events import EventLog
+from nvrx_lab.observe.events import EventLog
 
 METRICS_ENV = "NVRX_LAB_METRICS"
 

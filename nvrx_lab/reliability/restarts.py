@@ -34,7 +34,7 @@ from pathlib import Path
 import psutil
 
 from nvrx_lab import runner
-from nvrx_lab.events import read_events
+from nvrx_lab.observe.events import read_events
 from nvrx_lab.reliability import Row, timed
 from nvrx_lab.runner import Launcher, Spawn, Worker
 

@@ -28,7 +28,7 @@ import threading
 import time
 from pathlib import Path
 
-from nvrx_lab.events import read_events
+from nvrx_lab.observe.events import read_events
 from nvrx_lab.reliability import Row, timed
 from nvrx_lab.runner import Value, head_for, run, trainer
 

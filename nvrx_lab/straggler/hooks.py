@@ -1,4 +1,4 @@
-"""The trainer's side of straggler detection: a :class:`~nvrx_lab.hooks.Hooks` built from the flags
+"""The trainer's side of straggler detection: a :class:`~nvrx_lab.train.hooks.Hooks` built from the flags
 ===================================================================================================
 
 ``--straggler-interval N`` (0: off), ``--straggler-threshold T``, ``--straggler-action report|restart``.
@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from nvrx_lab.hooks import Hooks
+from nvrx_lab.train.hooks import Hooks
 
 from .detector import Detector
 from .scores import THRESHOLD, Report

@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 
 from nvrx_lab.checkpoint import AsyncCheckpointer
-from nvrx_lab.events import EventLog
 from nvrx_lab.inprocess import CallWrapper, Wrapper
+from nvrx_lab.observe.events import EventLog
 
 ckpt_dir, events_path = sys.argv[1], sys.argv[2]
 STEPS, EVERY, FAULT = 12, 3, (1, 0, 7)  # rank 1 raises before step 7 of attempt 0

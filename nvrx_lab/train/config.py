@@ -1,6 +1,6 @@
 """The trainer's flags: one dataclass, one ``--flag`` per field (help from the docstring under it).
 
-``TrainConfig`` extends the model's :class:`~nvrx_lab.model.ModelConfig` with the run's knobs; tiny
+``TrainConfig`` extends the model's :class:`~nvrx_lab.train.model.ModelConfig` with the run's knobs; tiny
 defaults train in seconds on 2 CPU cores. :func:`check_config` rejects what no process could train.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Literal
 
-from nvrx_lab.model import ModelConfig
+from nvrx_lab.train.model import ModelConfig
 
 
 @dataclass
@@ -38,11 +38,11 @@ class TrainConfig(ModelConfig):
     run_id: str = ""
     """Names the run: a launch with the run id of the run recorded beside the checkpoints (or metrics)
     continues it even before its first checkpoint (a Kubernetes pod restart); empty: a launch that
-    resumes no checkpoint is a new run (nvrx_lab.runs)."""
+    resumes no checkpoint is a new run (nvrx_lab.train.runs)."""
     fresh: bool = False
     """Start a new run even where --ckpt-dir holds a run's checkpoints: they are removed first, and its faults fire
     again (this launch only: the launcher's restarts continue the run it starts). Without it a launch onto a
-    folder with committed checkpoints continues that run (nvrx_lab.runs)."""
+    folder with committed checkpoints continues that run (nvrx_lab.train.runs)."""
     metrics: str = ""
     """Event stream (JSON lines: steps, saves, faults, restarts); empty = none."""
     log_every: int = 5

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from nvrx_lab.table import median
+from nvrx_lab.observe.table import median
 
 
 def make_state(mib: float) -> dict:

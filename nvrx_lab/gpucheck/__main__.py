@@ -34,8 +34,8 @@ from pathlib import Path
 
 import torch
 
-from nvrx_lab.events import read_events
-from nvrx_lab.gpucheck_assert import check_device_assert, check_nccl_abort
+from nvrx_lab.gpucheck.device import check_device_assert, check_nccl_abort
+from nvrx_lab.observe.events import read_events
 from nvrx_lab.runner import run, torchrun, trainer
 
 GiB = 2**30

@@ -21,7 +21,7 @@ The moments, in the order an attempt meets them::
     close()                      the run is over (after the last attempt)
 
 A hook with a ``name`` keeps state in the checkpoint under that key (``state_dict``/``load_state_dict``),
-e.g. the launcher's heartbeat timeouts. The layers' hooks are built in :mod:`nvrx_lab.layers`.
+e.g. the launcher's heartbeat timeouts. The layers' hooks are built in :mod:`nvrx_lab.train.layers`.
 """
 
 from __future__ import annotations

@@ -16,12 +16,12 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
-from nvrx_lab import layers
-from nvrx_lab.config import TrainConfig
 from nvrx_lab.dist import DistContext, env_rank, init_distributed, join_group_threads, pick_device, shutdown
-from nvrx_lab.events import EventLog
-from nvrx_lab.hooks import ComposeHooks, Hooks
-from nvrx_lab.resume import Recovering
+from nvrx_lab.observe.events import EventLog
+from nvrx_lab.train import layers
+from nvrx_lab.train.config import TrainConfig
+from nvrx_lab.train.hooks import ComposeHooks, Hooks
+from nvrx_lab.train.resume import Recovering
 
 Body = Callable[[DistContext, object, Hooks], dict]
 

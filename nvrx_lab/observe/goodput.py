@@ -1,6 +1,6 @@
 """Goodput from the event stream: how much of the wall time became training progress.
 
-Reads only what the trainer and the layers wrote (:mod:`nvrx_lab.events`):
+Reads only what the trainer and the layers wrote (:mod:`nvrx_lab.observe.events`):
 
 * ``step`` (rank 0: step, loss, step_time) — training progress
 * ``fault`` (the target rank: step, fault) — an injected fault; a ``slow`` one is no failure (nothing
@@ -19,7 +19,7 @@ Definitions (the write-up's, made exact):
 * **recovery time** of a fault = from the fault to the start of the next completed step; a step before
   the faulty one that rank 0 completes just after another rank's fault was not stopped by it. The trainer
   says the same figure when it trains again (a ``recovered`` event and its RESUME line,
-  :mod:`nvrx_lab.resume`); where that event exists its moment of training again is used, so the two agree
+  :mod:`nvrx_lab.train.resume`); where that event exists its moment of training again is used, so the two agree
 * **rollback** = steps completed before the fault that had to be redone
 * **freshness** = fault step − newest committed checkpoint step at the moment of the fault
 * **time lost to a slow rank** = over the steps after the first ``slow`` fault, the step time beyond
@@ -32,7 +32,7 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 
-from nvrx_lab.events import last_run
+from nvrx_lab.observe.events import last_run
 
 
 @dataclass
@@ -83,7 +83,7 @@ class GoodputReport:
 def analyze(events: list[dict], ideal_step_s: float | None = None, t_start: float | None = None,
             t_end: float | None = None) -> GoodputReport:
     """Goodput of one run from its events (the newest run of a file several runs appended to, see
-    :func:`nvrx_lab.events.last_run`); ``t_start``/``t_end`` default to its first and last event."""
+    :func:`nvrx_lab.observe.events.last_run`); ``t_start``/``t_end`` default to its first and last event."""
     events = last_run(events)
     if not events:
         raise ValueError("no events: was the trainer run with --metrics?")

@@ -1,4 +1,4 @@
-"""The workbook's papermill engine: ``python -m nvrx_lab.papermill_engine`` takes papermill's own command line
+"""The workbook's papermill engine: ``python -m nvrx_lab.workbook.papermill`` takes papermill's own command line
 (``IN.ipynb OUT.ipynb -p NAME VALUE --cwd DIR -k python3 …``) and runs it with two changes to the kernel's
 connection; ``register()`` does the same for papermill's Python API (``engine_name="nvrx_lab"``).
 
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     from papermill.cli import papermill as cli
 
     register()
-    cli.main(args=argv, prog_name="python -m nvrx_lab.papermill_engine")  # exits with papermill's status
+    cli.main(args=argv, prog_name="python -m nvrx_lab.workbook.papermill")  # exits with papermill's status
     return 0
 
 

@@ -9,7 +9,7 @@ there: rank 0 removes the folder's committed checkpoints first, saying so. Anyth
 run**, and then:
 
 * its events start a new segment of the ``--metrics`` file: every ``start`` event says ``new_run``,
-  and :func:`nvrx_lab.events.last_run` (what goodput reads) keeps only the newest run;
+  and :func:`nvrx_lab.observe.events.last_run` (what goodput reads) keeps only the newest run;
 * faults fired by an earlier run are forgotten (rank 0 clears the fired-faults file before the
   process group exists, so before any fault can fire);
 * rank 0 records the run (``run.json`` beside the checkpoints, else beside the metrics: run id, seed,
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from nvrx_lab.config import TrainConfig
+    from nvrx_lab.train.config import TrainConfig
 
 RUN_FILE = "run.json"
 FAULTS_FIRED = "faults_fired.jsonl"
@@ -34,7 +34,7 @@ PROGRESS = "progress"
 
 
 def progress_file(cfg: TrainConfig) -> Path | None:
-    """Where rank 0 marks the newest step reached (:class:`nvrx_lab.resume.ProgressMarker`): beside the
+    """Where rank 0 marks the newest step reached (:class:`nvrx_lab.train.resume.ProgressMarker`): beside the
     checkpoints, else beside the metrics."""
     if cfg.ckpt != "none" and cfg.ckpt_dir:
         return Path(cfg.ckpt_dir) / PROGRESS

@@ -13,7 +13,7 @@ Three facts make the line, each read where it lives:
 * **the restore**: the step and the copy each rank restored from (``memory``, ``local``, ``peer``, ``storage``).
 
 The line comes once the first step after a fault is done, and its recovery figure is the one
-:mod:`nvrx_lab.goodput` computes from the event stream: fault → the start of that step. A start that
+:mod:`nvrx_lab.observe.goodput` computes from the event stream: fault → the start of that step. A start that
 recovers from no fault (a new run, a relaunch of a stopped one) says so before its first step::
 
     [nvrx_lab] RESUME step 10 from storage (rolled back 1 step, step 11 was reached); training again 0.31 s
@@ -34,15 +34,15 @@ from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
-from nvrx_lab import runs
 from nvrx_lab.dist import DistContext
-from nvrx_lab.events import EventLog
 from nvrx_lab.faults import fired_faults
-from nvrx_lab.hooks import Hooks
+from nvrx_lab.observe.events import EventLog
+from nvrx_lab.train import runs
+from nvrx_lab.train.hooks import Hooks
 
 if TYPE_CHECKING:
-    from nvrx_lab.config import TrainConfig
     from nvrx_lab.train import TrainState
+    from nvrx_lab.train.config import TrainConfig
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,11 @@
 """Restart timelines: what each rank did around a fault, read from the event stream.
 
-Every restart demo writes the same kinds of events (:mod:`nvrx_lab.events`): ``step`` (rank, the
+Every restart demo writes the same kinds of events (:mod:`nvrx_lab.observe.events`): ``step`` (rank, the
 attempt it belongs to), ``fault`` (just before a fault is injected), and, depending on who restarts,
 ``restart`` (in-process: the phases of one restart on one rank, see
 :mod:`nvrx_lab.inprocess.restart_log`) or ``launcher_failure`` / ``launcher_ready`` (the launcher
 saw a rank fail / every rank beating again). Only the name of the attempt field differs: ``attempt``
-(:mod:`nvrx_lab.recovery_worker`), ``iteration`` (:mod:`nvrx_lab.inprocess.demo_worker`), ``restart``
+(:mod:`nvrx_lab.demo.recovery_worker`), ``iteration`` (:mod:`nvrx_lab.inprocess.demo_worker`), ``restart``
 (:mod:`nvrx_lab.launcher.demo_worker`, from ``TORCHELASTIC_RESTART_COUNT``).
 
 * :func:`recovery_times` — fault → every rank training again, per fault (the recovery benchmark's figure);
@@ -13,14 +13,14 @@ saw a rank fail / every rank beating again). Only the name of the attempt field 
 * :func:`plot_restarts` — one row per rank: steps coloured by attempt, faults, restart phases,
   launcher detection (notebooks 02 and 03).
 
-The trainer's stream (rank 0's steps only) has its own view: :func:`nvrx_lab.goodput.plot_timeline`.
+The trainer's stream (rank 0's steps only) has its own view: :func:`nvrx_lab.observe.goodput.plot_timeline`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from nvrx_lab.events import read_events
+from nvrx_lab.observe.events import read_events
 
 PHASES = {"detect_s": ("tab:red", "detect"), "abort_s": ("tab:orange", "abort"), "health_s": ("tab:purple", "health"),
           "rendezvous_s": ("tab:blue", "rendezvous"), "reload_s": ("tab:gray", "reload")}

@@ -5,13 +5,13 @@
   kept next to the checkpoints
 * ``--restart launcher`` → :class:`LauncherHooks`: :class:`nvrx_lab.launcher.RankMonitorClient` heartbeats
   and sections
-* ``--restart inprocess`` → :func:`nvrx_lab.attempts.run_inprocess`, the attempt inside
+* ``--restart inprocess`` → :func:`nvrx_lab.train.attempts.run_inprocess`, the attempt inside
   :class:`nvrx_lab.inprocess.Wrapper`
 * ``--straggler-interval N`` → :class:`nvrx_lab.straggler.StragglerHooks` (its ``health_check`` joins the
   wrapper's, :func:`health_checks`)
 
 :func:`check_flags` refuses what cannot work before any process group or file is touched;
-:func:`make_hooks` gives the trainer its one :class:`~nvrx_lab.hooks.Hooks` object.
+:func:`make_hooks` gives the trainer its one :class:`~nvrx_lab.train.hooks.Hooks` object.
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ import json
 import os
 from pathlib import Path
 
-from nvrx_lab import runs
 from nvrx_lab.cli import check_writable
-from nvrx_lab.config import TrainConfig, check_config
 from nvrx_lab.dist import DistContext
-from nvrx_lab.events import EventLog
 from nvrx_lab.faults import FaultInjector, parse_schedule
-from nvrx_lab.hooks import ComposeHooks, Hooks
-from nvrx_lab.runs import FAULTS_FIRED, PROGRESS, RUN_FILE, fault_state_file
+from nvrx_lab.observe.events import EventLog
+from nvrx_lab.train import runs
+from nvrx_lab.train.config import TrainConfig, check_config
+from nvrx_lab.train.hooks import ComposeHooks, Hooks
+from nvrx_lab.train.runs import FAULTS_FIRED, PROGRESS, RUN_FILE, fault_state_file
 
 
 def check_flags(cfg: TrainConfig, world_size: int = 1) -> None:
@@ -148,7 +148,7 @@ def make_checkpointer(cfg: TrainConfig, ctx: DistContext, events: EventLog):
     # The writer process is spawned now (async only), so its start-up overlaps building the model.
     storage = AsyncCheckpointer(cfg.ckpt_dir, keep_last=cfg.ckpt_keep, write_bandwidth=cfg.ckpt_write_bandwidth,
                                 process_group=ctx.cpu_group, emit=events.emit, start_writer=cfg.ckpt == "async",
-                                announce=False,  # the trainer says where it resumed (nvrx_lab.resume)
+                                announce=False,  # the trainer says where it resumed (nvrx_lab.train.resume)
                                 writer_priority=writer_priority(cfg))
     if not cfg.local_ckpt_interval:
         return storage
@@ -281,7 +281,7 @@ def launcher_recovering():
     if launcher_restart_count() == 0:
         return None
     from nvrx_lab.launcher import RankMonitorClient
-    from nvrx_lab.resume import Recovering
+    from nvrx_lab.train.resume import Recovering
 
     failure = RankMonitorClient.last_failure()
     return Recovering(failure["t"], failure["rank"], failure["cause"]) if failure else None

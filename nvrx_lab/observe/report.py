@@ -1,4 +1,4 @@
-"""The workbook report: ``python -m nvrx_lab.report --build build`` → ``build/report.md`` and ``.html``.
+"""The workbook report: ``python -m nvrx_lab.observe.report --build build`` → ``build/report.md`` and ``.html``.
 
 It only *reads* what the notebooks and benchmarks wrote under ``build/``: the executed notebooks
 and every benchmark JSON (``build/bench/*.json``, each with its rows, the command that produced
@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from nvrx_lab.table import format_table
+from nvrx_lab.observe.table import format_table
 
 
 def bench_section(path: Path) -> str:
@@ -51,7 +51,7 @@ def to_html(markdown_text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m nvrx_lab.report", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m nvrx_lab.observe.report", description=__doc__.split("\n\n")[0])
     parser.add_argument("--build", default="build", help="the build folder the workbook wrote (default: build)")
     args = parser.parse_args(argv)
     build = Path(args.build)

@@ -21,7 +21,7 @@ Kinds of the trainer (:class:`FaultInjector`):
 * ``hang``      — sleep far past any timeout (a rank stuck in Python-level blocking code)
 * ``sigkill``   — ``SIGKILL`` to the own process (a crash that takes the interpreter)
 * ``oom``       — allocate, then raise ``MemoryError`` (a stand-in for an out-of-memory error)
-* ``slow``      — the rank computes ``FACTOR``× slower from that step on (:mod:`nvrx_lab.slowdown`):
+* ``slow``      — the rank computes ``FACTOR``× slower from that step on (:mod:`nvrx_lab.faults.slowdown`):
   a straggler, alive and slow, which only :mod:`nvrx_lab.straggler` notices
 
 Phases, where the fault fires:
@@ -222,7 +222,7 @@ class FaultInjector:
         elif fault.kind == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
         elif fault.kind == "slow":
-            from nvrx_lab.slowdown import slow_down
+            from nvrx_lab.faults.slowdown import slow_down
 
             slow_down(fault.factor)
         elif fault.kind == "oom":

@@ -2,7 +2,7 @@
 
 ::
 
-    python -m nvrx_lab.inprocess.spawn --nproc 2 -- python -m nvrx_lab.recovery_worker \\
+    python -m nvrx_lab.inprocess.spawn --nproc 2 -- python -m nvrx_lab.demo.recovery_worker \\
         --mode inprocess --kind hang --faults 2 --events /tmp/ev.jsonl
 
 Each step all-reduces a tensor and sleeps ``--step-time``. Rank 1 faults at ``--fault-step`` of
@@ -16,7 +16,7 @@ gloo ``--timeout`` + 10 s, then it is gone), ``sigkill`` kills itself. ``--mode`
   uses it (only when ``nvidia_resiliency_ext`` is installed: ``pip install .[peers]``).
 
 Events on ``--events``: ``fault`` (attempt, step, fault_kind) just before a fault is injected and
-``step`` (attempt, step, world_size) after every step; :func:`nvrx_lab.timeline.recovery_times`
+``step`` (attempt, step, world_size) after every step; :func:`nvrx_lab.observe.timeline.recovery_times`
 turns them into recovery times. ``python -m nvrx_lab.bench recovery`` runs it in every mode.
 """
 
@@ -32,13 +32,13 @@ import time
 import torch
 import torch.distributed as dist
 
-from nvrx_lab.events import EventLog
+from nvrx_lab.observe.events import EventLog
 
 KINDS = ("exception", "hang", "sigkill")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m nvrx_lab.recovery_worker", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m nvrx_lab.demo.recovery_worker", description=__doc__.splitlines()[0])
     ap.add_argument("--mode", choices=["inprocess", "nvrx", "plain"], required=True)
     ap.add_argument("--kind", choices=KINDS, required=True)
     ap.add_argument("--faults", type=int, default=1, help="fault in attempts 0..faults-1")

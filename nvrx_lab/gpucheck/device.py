@@ -3,10 +3,10 @@
 * Check d: a device-side assert poisons the CUDA context, with and without
   :class:`~nvrx_lab.inprocess.CudaHealthCheck`. Without it, in-process restart retries the poisoned rank until
   ``max_iterations``; with it, the rank leaves after the first attempt. Runs under torchrun on one GPU:
-  ``python -m torch.distributed.run --nproc-per-node 1 -m nvrx_lab.gpucheck_assert [--health-check]``.
+  ``python -m torch.distributed.run --nproc-per-node 1 -m nvrx_lab.gpucheck.device [--health-check]``.
 * Check e: the NCCL abort path of in-process restart (:func:`nvrx_lab.inprocess.abort.abort_nccl`, what
   ``AbortTorchDistributed`` calls): an NCCL group on the GPU all-reduces, is aborted (``ncclCommAbort``), refuses
-  work afterwards, and a new group on the same GPU all-reduces again: ``python -m nvrx_lab.gpucheck_assert --abort``.
+  work afterwards, and a new group on the same GPU all-reduces again: ``python -m nvrx_lab.gpucheck.device --abort``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def device_assert_worker(health: bool) -> int:
     import torch.distributed as dist
 
     from nvrx_lab.inprocess import HealthCheckError, RestartLimitError, Wrapper, default_health_check
-    from nvrx_lab.layers import INPROCESS_NCCL_ENV
+    from nvrx_lab.train.layers import INPROCESS_NCCL_ENV
 
     os.environ.update(INPROCESS_NCCL_ENV)
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
@@ -100,7 +100,7 @@ def check_nccl_abort(timeout: float) -> tuple[bool, str, str, list[str]]:
     import subprocess
 
     try:
-        res = subprocess.run([sys.executable, "-m", "nvrx_lab.gpucheck_assert", "--abort"], capture_output=True,
+        res = subprocess.run([sys.executable, "-m", "nvrx_lab.gpucheck.device", "--abort"], capture_output=True,
                              text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return False, "", f"the worker did not finish in {timeout:.0f} s (an abort that hangs?)", []
@@ -121,7 +121,7 @@ def check_device_assert(timeout: float) -> tuple[bool, str, str, list[str]]:
     figures, problems, lines = [], [], []
     for health in (False, True):
         flags = ["--health-check"] if health else []
-        res = torchrun(1, "-m", "nvrx_lab.gpucheck_assert", *flags, timeout=timeout)
+        res = torchrun(1, "-m", "nvrx_lab.gpucheck.device", *flags, timeout=timeout)
         rows = [json.loads(ln) for ln in res.output.splitlines() if ln.startswith('{"gpucheck_worker"')]
         label = "with CudaHealthCheck" if health else "without"
         if not rows:
@@ -141,7 +141,7 @@ def check_device_assert(timeout: float) -> tuple[bool, str, str, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m nvrx_lab.gpucheck_assert", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m nvrx_lab.gpucheck.device", description=__doc__.split("\n")[0])
     ap.add_argument("--health-check", action="store_true", help="with CudaHealthCheck")
     ap.add_argument("--abort", action="store_true", help="check e: the NCCL abort path (no torchrun)")
     a = ap.parse_args(argv)

@@ -1,7 +1,7 @@
 """Tables of results: a plain-text table on stdout and a JSON file with the same rows.
 
 Every benchmark (``python -m nvrx_lab.bench …``) ends with :func:`report`; ``python -m
-nvrx_lab.report`` and the notebooks print rows with :func:`format_table`. :func:`median` and
+nvrx_lab.observe.report`` and the notebooks print rows with :func:`format_table`. :func:`median` and
 :func:`p95` are the two statistics the tables show.
 """
 

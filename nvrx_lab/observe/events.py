@@ -64,7 +64,7 @@ def read_events(path: str | os.PathLike, kind: str | None = None) -> list[dict]:
 def last_run(events: list[dict]) -> list[dict]:
     """The events of the newest run in a file that several runs appended to.
 
-    A run begins with ``start`` events carrying ``new_run: true`` (:mod:`nvrx_lab.runs`), one per rank;
+    A run begins with ``start`` events carrying ``new_run: true`` (:mod:`nvrx_lab.train.runs`), one per rank;
     such an event from a rank already seen in the current run opens the next one. Restarts and
     resumes start with ``new_run: false`` and stay in their run."""
     runs: list[list[dict]] = [[]]

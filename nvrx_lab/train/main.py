@@ -1,0 +1,89 @@
+"""The trainer: a small Llama-style decoder sharded with FSDP2, on synthetic deterministic data.
+
+Single process (a world of one)::
+
+    python -m nvrx_lab.train --steps 20 --metrics build/metrics.jsonl
+
+Two ranks on CPU (gloo), or eight GPUs of a p5 node (NCCL) with the very same command::
+
+    python -m torch.distributed.run --nproc-per-node 2 -m nvrx_lab.train --steps 20
+
+Multi-node: torchrun's ``--nnodes N --rdzv-backend c10d --rdzv-endpoint HOST:PORT``, or
+``python -m nvrx_lab.launcher`` (in-job restarts). Every flag comes from :class:`TrainConfig`.
+
+:func:`train` is one attempt: build, resume, step, save. The layers join it through one
+:class:`~nvrx_lab.train.hooks.Hooks` object and a checkpointer; :mod:`nvrx_lab.train.layers` builds both from the
+flags, and :mod:`nvrx_lab.train.attempts` runs the attempt plainly or inside the in-process restart wrapper.
+Same seed and world size give the same loss curve bit for bit; a resumed run continues it exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+from nvrx_lab.checkpoint import CheckpointError
+from nvrx_lab.cli import parse_dataclass
+from nvrx_lab.dist import env_rank, peer_lost
+from nvrx_lab.observe.events import EventLog, last_launch, read_events
+from nvrx_lab.observe.goodput import analyze
+from nvrx_lab.train import attempts, layers, runs
+from nvrx_lab.train.config import TrainConfig
+from nvrx_lab.train.loop import train
+
+
+def configure_threads(cfg: TrainConfig) -> None:
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // local_world))
+
+
+def left_job(error: BaseException) -> str | None:
+    """The line of a rank the in-process restart sent away (its health check failed: a straggler, a poisoned GPU)."""
+    from nvrx_lab.inprocess import HealthCheckError
+
+    if isinstance(error, HealthCheckError):
+        return f"left the job at the in-process restart ({error}); the other ranks go on without it"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse_dataclass(TrainConfig, argv, prog="python -m nvrx_lab.train", description=__doc__.split("\n\n")[0])
+    rank, world_size, _ = env_rank()
+    restart_count = layers.launcher_restart_count()
+    try:
+        layers.check_flags(cfg, world_size)
+        new_run = runs.begin(cfg, rank, restart_count, [runs.fault_state_file(cfg), runs.progress_file(cfg)])
+    except ValueError as e:  # exit 2: a usage error, which no restart mends (the launcher does not retry it)
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if cfg.restart.endswith("inprocess"):
+        os.environ.update(layers.INPROCESS_NCCL_ENV)  # torchrun sets =1: NCCL's watchdog would kill the process
+    configure_threads(cfg)
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS; else CUDA matmuls raise
+    torch.use_deterministic_algorithms(True)
+    events = EventLog(cfg.metrics or None, rank=rank)
+    events.emit("start", world_size=world_size, restart_count=restart_count, new_run=new_run, pid=os.getpid())
+    hooks = layers.make_hooks(cfg, rank, events)
+    run = attempts.run_inprocess if cfg.restart.endswith("inprocess") else attempts.run_plain
+    try:
+        summary = run(cfg, events, hooks, lambda ctx, ckpt, h: train(cfg, ctx, events, ckpt, h))
+    except CheckpointError as e:  # e.g. another model's checkpoint: no restart mends it
+        print(f"[rank {rank}] error: {e}", file=sys.stderr, flush=True)
+        return 1
+    except RuntimeError as e:  # a peer's fault seen from here, or this rank sent away: one line, not a traceback
+        if (line := peer_lost(e) or left_job(e)) is None:
+            raise
+        print(f"[rank {rank}] {line}", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        print(f"[rank {rank}] interrupted (Ctrl-C): a save in flight was abandoned; the newest committed "
+              f"checkpoint{' in ' + cfg.ckpt_dir if cfg.ckpt_dir else ''} is intact", file=sys.stderr, flush=True)
+        return 130
+    events.emit("end", steps=summary["steps"],  # the last attempt's peak (gpucheck c); earlier ones: restart events
+                cuda_peak_bytes=torch.cuda.max_memory_allocated() if torch.cuda.is_initialized() else None)
+    if rank == 0 and cfg.metrics and summary["losses"]:  # one line a job log collector (nvrx_lab.eks.submit) picks up
+        print("GOODPUT " + json.dumps(analyze(last_launch(read_events(cfg.metrics))).row()), flush=True)
+    return 0
