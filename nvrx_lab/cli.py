@@ -97,33 +97,150 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-def add_dataclass_args(parser: argparse.ArgumentParser, cls: type) -> None:
-    """Add one flag per field of ``cls`` to ``parser``; defaults are the dataclass's."""
-    docs = field_docs(cls)
+def flag_name(f: dataclasses.Field, prefix: str = "") -> str | None:
+    """A field's flag without the dashes: ``metadata={"flag": "ckpt-dir"}`` if given (``None``: no flag), else the
+    section's prefix and the field's name (``local_ckpt_interval`` -> ``local-ckpt-interval``)."""
+    if "flag" in f.metadata:
+        return f.metadata["flag"]
+    return prefix + f.name.replace("_", "-")
+
+
+def is_section(kind: Any) -> bool:
+    return isinstance(kind, type) and dataclasses.is_dataclass(kind)
+
+
+def leaves(cls: type, prefix: str = "") -> list[tuple[tuple[str, ...], dataclasses.Field, type, str]]:
+    """Every flag of ``cls``: (path of field names, field, type, flag), nested sections flattened in field order.
+    A field whose type is a dataclass is a section: its fields' flags take the section's ``flag_prefix``
+    (``metadata={"flag_prefix": "straggler-"}``), or none."""
+    out = []
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         kind = hints[f.name]
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-        kwargs: dict[str, Any] = {"default": default, "dest": f.name}
+        if is_section(kind):
+            for path, leaf, leaf_kind, flag in leaves(kind, prefix + f.metadata.get("flag_prefix", "")):
+                out.append(((f.name, *path), leaf, leaf_kind, flag))
+        elif (flag := flag_name(f, prefix)) is not None:
+            out.append(((f.name,), f, kind, flag))
+    return out
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+
+
+def add_dataclass_args(parser: argparse.ArgumentParser, cls: type) -> None:
+    """Add one flag per field of ``cls`` (and of its sections) to ``parser``; defaults are the dataclass's. A field's
+    ``metadata={"parse": fn}`` turns the flag's text into its value (an argparse ``type``: it may raise
+    ``argparse.ArgumentTypeError``). A flag the parser has already, from a parent parser (torchrun's
+    ``--max-restarts``), keeps that definition and its default; the dataclass's default fills in where it has none."""
+    docs: dict[type, dict[str, str]] = {}
+    for path, f, kind, flag in leaves(cls):
+        owner = _owner(cls, path)
+        help_text = docs.setdefault(owner, field_docs(owner)).get(f.name, "")
+        default = _default(f)
+        kwargs: dict[str, Any] = {"default": default, "dest": flag.replace("-", "_")}
+        if (taken := parser._option_string_actions.get("--" + flag)) is not None:  # argparse's table of its flags
+            if taken.dest != kwargs["dest"]:
+                raise ValueError(f"--{flag} is in the parser already, with dest {taken.dest!r}, not {kwargs['dest']!r}")
+            if taken.default is None:  # a parent's own default stays (torchrun's may come from $PET_*)
+                parser.set_defaults(**{taken.dest: default})
+            continue
         if typing.get_origin(kind) is Literal:
             kwargs.update(choices=typing.get_args(kind), type=type(typing.get_args(kind)[0]))
         elif kind is bool:
             kwargs.update(type=_bool, nargs="?", const=True, metavar="{true,false}")  # a bare --flag is true
         else:
-            kwargs["type"] = kind
-        help_text = docs.get(f.name, "")
+            kwargs["type"] = f.metadata.get("parse", kind)
         kwargs["help"] = f"{help_text} (default: {default!r})" if help_text else f"default: {default!r}"
-        parser.add_argument("--" + f.name.replace("_", "-"), **kwargs)
+        parser.add_argument("--" + flag, **kwargs)
+
+
+def _owner(cls: type, path: tuple[str, ...]) -> type:
+    """The dataclass that declares the last field of ``path``."""
+    for name in path[:-1]:
+        cls = typing.get_type_hints(cls)[name]
+    return cls
+
+
+def build(cls: type[T], flat: dict[str, Any]) -> T:
+    """``cls`` from flag-named values (``{"ckpt_dir": ...}``); what ``flat`` leaves out keeps its default."""
+    values: dict[str, Any] = {}
+    for path, _, _, flag in leaves(cls):
+        key = flag.replace("-", "_")
+        if key in flat:
+            node = values
+            for name in path[:-1]:
+                node = node.setdefault(name, {})
+            node[path[-1]] = flat[key]
+    return _make(cls, values)
+
+
+def _make(cls: type[T], values: dict[str, Any]) -> T:
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in values:
+            value = values[f.name]
+            kwargs[f.name] = _make(hints[f.name], value) if is_section(hints[f.name]) and isinstance(value, dict) else value
+    return cls(**kwargs)  # type: ignore[call-arg]
 
 
 def dataclass_from_args(cls: type[T], args: argparse.Namespace) -> T:
-    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})  # type: ignore[call-arg]
+    return build(cls, vars(args))
 
 
 def parse_dataclass(cls: type[T], argv: list[str] | None = None, prog: str | None = None, description: str | None = None) -> T:
+    """``cls`` from a command line; a value its ``__post_init__`` refuses is a usage error too (one line, exit 2)."""
     parser = Parser(prog=prog, description=description)
     add_dataclass_args(parser, cls)
-    return dataclass_from_args(cls, parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    try:
+        return dataclass_from_args(cls, args)
+    except (TypeError, ValueError) as e:
+        parser.error(str(e))
+
+
+class Settings:
+    """A dataclass of settings, loadable three ways alike (as NVRx's ``FaultToleranceConfig`` is): from keyword
+    arguments named after its flags (:meth:`from_kwargs`), a YAML file of the same keys (:meth:`from_yaml_file`)
+    and a command line (:meth:`from_args`). A bad key or value is a ``ValueError`` that names it."""
+
+    @classmethod
+    def flags(cls) -> list[str]:
+        """Every key it takes, as its flag is written without dashes: ``ckpt_interval`` for ``--ckpt-interval``."""
+        return [flag.replace("-", "_") for *_, flag in leaves(cls)]
+
+    @classmethod
+    def from_kwargs(cls: type[T], **kwargs: Any) -> T:
+        known = cls.flags()  # type: ignore[attr-defined]
+        for key in kwargs:
+            if key not in known:
+                near = difflib.get_close_matches(key, known, n=1)
+                raise ValueError(f"{cls.__name__}: unknown setting {key!r}" + (f"; did you mean {near[0]!r}?" if near else
+                                 f"; valid: {', '.join(known)}"))
+        return build(cls, kwargs)
+
+    @classmethod
+    def from_yaml_file(cls: type[T], path: str | os.PathLike) -> T:
+        import yaml
+
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except OSError as e:
+            raise ValueError(f"{path}: cannot read: {e.strerror}") from None
+        except yaml.YAMLError as e:
+            raise ValueError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: expected a mapping of settings, got {type(data).__name__}")
+        try:
+            return cls.from_kwargs(**{str(k).replace("-", "_"): v for k, v in data.items()})  # type: ignore[attr-defined]
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{path}: {e}") from None
+
+    @classmethod
+    def from_args(cls: type[T], argv: list[str] | None = None, prog: str | None = None) -> T:
+        return parse_dataclass(cls, argv, prog=prog, description=(cls.__doc__ or "").split("\n")[0])
 
 
 def check_writable(path: str | os.PathLike, flag: str, folder: bool = False) -> None:

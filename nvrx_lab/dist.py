@@ -18,6 +18,51 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 
+@dataclass(frozen=True)
+class LaunchEnv:
+    """What the launcher (torchrun, ``nvrx_lab.launcher``, ``nvrx_lab.inprocess.spawn``, a Kubernetes pod) told this
+    process, read from its environment once, where the process starts (:meth:`read`), then passed along."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    """Ranks on this node (the peer holding a rank's local replica is ``rank + local_world_size``)."""
+    node: int = 0
+    """This node's index (torchrun's ``GROUP_RANK``)."""
+    restart_count: int = 0
+    """The launcher's restarts of this worker group so far (``TORCHELASTIC_RESTART_COUNT``)."""
+    master_addr: str = ""
+    """Where rank 0's store listens (empty: a plain single process, a world of one)."""
+    master_port: int = 0
+
+    @property
+    def launched(self) -> bool:
+        """Started by a launcher (it set ``MASTER_ADDR``)."""
+        return bool(self.master_addr)
+
+    @classmethod
+    def read(cls, environ: dict | None = None) -> LaunchEnv:
+        env = os.environ if environ is None else environ
+        num = lambda name, default: int(env.get(name) or default)  # noqa: E731
+        return cls(num("RANK", 0), num("WORLD_SIZE", 1), num("LOCAL_RANK", 0), num("LOCAL_WORLD_SIZE", 1),
+                   num("GROUP_RANK", 0), num("TORCHELASTIC_RESTART_COUNT", 0), env.get("MASTER_ADDR", ""),
+                   num("MASTER_PORT", 0))
+
+
+def export_env(values: dict[str, str], keep_set: bool = False) -> None:
+    """Settings torch and its libraries read from this process's environment (NCCL's error handling, cuBLAS's
+    workspace), set where the process starts; ``keep_set``: a value the user set already stays."""
+    for name, value in values.items():
+        if not (keep_set and name in os.environ):
+            os.environ[name] = value
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for a process this one starts: its own, with ``extra`` on top."""
+    return {**os.environ, **(extra or {})}
+
+
 @dataclass
 class DistContext:
     rank: int
@@ -26,10 +71,8 @@ class DistContext:
     device: torch.device
     cpu_group: dist.ProcessGroup | None
     """Gloo group for CPU-side collectives (the default group itself on CPU)."""
-    first_start: bool = True
-    """The first attempt of this launch (no launcher restart, no in-process restart before it)."""
-    recovering: object = None
-    """What the restart layer saw of the fault this attempt recovers from (:class:`nvrx_lab.train.resume.Recovering`)."""
+    launch: LaunchEnv = LaunchEnv()
+    """What the launcher said (ranks per node, node index, restarts)."""
 
 
 def pick_device(device: str = "auto", local_rank: int = 0) -> torch.device:
@@ -46,30 +89,23 @@ def pick_device(device: str = "auto", local_rank: int = 0) -> torch.device:
     return torch.device("cpu")
 
 
-def env_rank() -> tuple[int, int, int]:
-    """(rank, world_size, local_rank) from torchrun's environment, (0, 1, 0) without it."""
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
-
-
-def init_distributed(device: str = "auto", timeout_s: float = 60.0) -> DistContext:
-    """Initialise the default group from torchrun's environment (or a world of one) and the CPU group."""
-    rank, world_size, local_rank = env_rank()
-    dev = pick_device(device, local_rank)
+def init_distributed(launch: LaunchEnv, device: str = "auto", timeout_s: float = 60.0) -> DistContext:
+    """Initialise the default group from the launcher's environment (or a world of one) and the CPU group."""
+    dev = pick_device(device, launch.local_rank)
     timeout = timedelta(seconds=timeout_s)
     if not dist.is_initialized():
         backend = "nccl" if dev.type == "cuda" else "gloo"
-        if "MASTER_ADDR" in os.environ:
+        if launch.launched:  # torch reads MASTER_ADDR/PORT, RANK, WORLD_SIZE itself (env://)
             dist.init_process_group(backend, timeout=timeout, device_id=dev if dev.type == "cuda" else None)
         else:  # a plain single process: a world of one on an in-memory store
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
-    return context_for(dev, timeout)
+    return context_for(dev, launch, timeout)
 
 
-def context_for(dev: torch.device, timeout: timedelta | None = None) -> DistContext:
+def context_for(dev: torch.device, launch: LaunchEnv, timeout: timedelta | None = None) -> DistContext:
     """The context of an already initialised default group (e.g. one a restart wrapper created)."""
-    _, _, local_rank = env_rank()
     cpu_group = dist.new_group(backend="gloo", timeout=timeout) if dev.type == "cuda" else dist.group.WORLD
-    return DistContext(dist.get_rank(), dist.get_world_size(), local_rank, dev, cpu_group)
+    return DistContext(dist.get_rank(), dist.get_world_size(), launch.local_rank, dev, cpu_group, launch)
 
 
 _meshes: weakref.WeakSet[DeviceMesh] = weakref.WeakSet()

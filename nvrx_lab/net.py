@@ -76,13 +76,16 @@ def listen(host: str, port: int = 0, backlog: int = 512) -> socket.socket:
     return sock
 
 
-def wait_for(predicate: Callable[[], T], timeout: float, what: str, *, interval: float = 0.05,
+def wait_for(predicate: Callable[[], T], timeout: float, what: str, *, interval: float | Callable[[], float] = 0.05,
              on_poll: Callable[[], object] | None = None) -> T:
     """The one way to wait in ``nvrx_lab``: poll ``predicate`` every ``interval`` s until it returns
     something truthy, and return that. ``on_poll`` runs after every unsuccessful poll (a heartbeat, a
     progress write). After ``timeout`` s (``float("inf")``: never), ``TimeoutError`` naming ``what``.
-    ``predicate`` may raise to stop the wait early (a process it waits on has died)."""
+    ``predicate`` may raise to stop the wait early (a process it waits on has died). ``interval`` may be
+    a callable, asked for each pause after ``on_poll``: a back-off (Kubernetes' CrashLoopBackOff between
+    restarts of a pod)."""
     deadline = time.monotonic() + timeout
+    pause = interval if callable(interval) else lambda: interval
     while True:
         value = predicate()
         if value:
@@ -91,4 +94,4 @@ def wait_for(predicate: Callable[[], T], timeout: float, what: str, *, interval:
             on_poll()
         if time.monotonic() >= deadline:
             raise TimeoutError(f"timed out after {timeout:.1f} s waiting for {what}")
-        time.sleep(interval)
+        time.sleep(pause())

@@ -3,13 +3,14 @@
 Command lines are built from small frozen dataclasses, never by hand:
 
 * :class:`Torchrun` — ``python -m torch.distributed.run`` and its flags;
-* :class:`Launcher` — ``python -m nvrx_lab.launcher``: torchrun's flags plus heartbeats and restart policy;
+* :class:`Launcher` — ``python -m nvrx_lab.launcher``: torchrun's rendezvous flags plus a
+  :class:`~nvrx_lab.launcher.config.LauncherConfig` (heartbeats, restarts, restart policy);
 * :class:`Spawn` — ``python -m nvrx_lab.inprocess.spawn``: plain rank processes, survivors of a dead rank go on;
 * :class:`Worker` — what every rank runs: ``-m nvrx_lab.train`` (:func:`trainer`), another module, or a script.
 
 ``head.argv(worker)`` is the full command line; :func:`head_for` picks the head a trainer's ``--restart``
 mode needs. Flags are written in field order (``None`` and ``False`` left out, ``True`` a bare switch,
-field ``ckpt_dir`` as ``--ckpt-dir``). On one machine,
+field ``ckpt_dir`` as ``--ckpt-dir``; a launcher's settings where they differ from their defaults). On one machine,
 ``Torchrun.local(2)`` (static store) and ``Launcher.local(2)`` / ``Torchrun.c10d(2)`` (c10d rendezvous)
 listen on 127.0.0.1 and a free port pair from :mod:`nvrx_lab.net`. In a pod the values are the pod's
 ``${VAR}`` references: :mod:`nvrx_lab.eks.commands` renders the same objects into the container script::
@@ -33,10 +34,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from nvrx_lab.launcher.config import LauncherConfig
 from nvrx_lab.net import free_port_pair
 
 Value = str | int | float | bool | Path | None
@@ -109,8 +111,9 @@ class _Head:
 
 
 @dataclass(frozen=True)
-class Torchrun(_Head):
-    """``python -m torch.distributed.run``: a static store (``master_*``) or a c10d rendezvous (``rdzv_*``)."""
+class _Rendezvous(_Head):
+    """torchrun's flags that say how many workers run where and how they meet: a static store (``master_*``) or a
+    c10d rendezvous (``rdzv_*``). Shared by :class:`Torchrun` and :class:`Launcher`."""
 
     nnodes: int | str | None = None
     nproc_per_node: int | str = 1
@@ -125,6 +128,28 @@ class Torchrun(_Head):
     rdzv_id: str | None = None
     rdzv_conf: str | None = None
     local_addr: str | None = None
+
+    @classmethod
+    def local(cls, nproc: int, port: int | None = None, **flags: Value):
+        """``nproc`` workers here, rank 0's static store on 127.0.0.1 and a free port pair."""
+        return cls.of(nproc_per_node=nproc, master_addr=LOOPBACK, master_port=port or free_port_pair(), **flags)
+
+    @classmethod
+    def c10d(cls, nproc: int, port: int | None = None, **flags: Value):
+        """``nproc`` workers here, a c10d rendezvous on 127.0.0.1 and a free port pair."""
+        return cls.of(nproc_per_node=nproc, rdzv_backend="c10d", rdzv_endpoint=f"{LOOPBACK}:{port or free_port_pair()}",
+                      **flags)
+
+    @classmethod
+    def of(cls, **flags: Value):
+        """``cls(**flags)``; :class:`Launcher` takes its settings from ``flags`` too."""
+        return cls(**flags)
+
+
+@dataclass(frozen=True)
+class Torchrun(_Rendezvous):
+    """``python -m torch.distributed.run``: where the workers meet, and how torchrun restarts them."""
+
     max_restarts: int | str | None = None
     """Restarts of the worker group after a failure (torchrun's default: 0)."""
     monitor_interval: float | str | None = None
@@ -134,37 +159,17 @@ class Torchrun(_Head):
 
     module: ClassVar[str] = "torch.distributed.run"
 
-    @classmethod
-    def local(cls, nproc: int, port: int | None = None, **flags: Value):
-        """``nproc`` workers here, rank 0's static store on 127.0.0.1 and a free port pair."""
-        return cls(nproc_per_node=nproc, master_addr=LOOPBACK, master_port=port or free_port_pair(), **flags)
-
-    @classmethod
-    def c10d(cls, nproc: int, port: int | None = None, **flags: Value):
-        """``nproc`` workers here, a c10d rendezvous on 127.0.0.1 and a free port pair."""
-        return cls(nproc_per_node=nproc, rdzv_backend="c10d", rdzv_endpoint=f"{LOOPBACK}:{port or free_port_pair()}",
-                   **flags)
-
 
 @dataclass(frozen=True)
-class Launcher(Torchrun):
-    """``python -m nvrx_lab.launcher``: torchrun's flags, then heartbeats, sections and the restart policy."""
+class Launcher(_Rendezvous):
+    """``python -m nvrx_lab.launcher``: where the workers meet (torchrun's flags), then the launcher's settings,
+    one :class:`~nvrx_lab.launcher.config.LauncherConfig` written as the flags that differ from its defaults."""
 
-    heartbeat_timeout: float | None = None
-    """Seconds without a heartbeat, after the first one, before a rank counts as hung."""
-    initial_heartbeat_timeout: float | None = None
-    """Seconds allowed until the first heartbeat."""
-    section_timeouts: str | None = None
-    """``NAME=S,…``: timeouts inside sections."""
-    restart_policy: str | None = None
-    """``any-failed`` (the whole group) or ``min-healthy`` (only dead or hung ranks count)."""
-    min_healthy: int | None = None
-    no_standby: bool = False
-    """Start workers cold (torchelastic) instead of from warm standby processes."""
-    metrics_file: str | Path | None = None
-    """Restart events join this event stream."""
+    settings: LauncherConfig = field(default_factory=LauncherConfig, hash=False)
+    """Restarts, heartbeats, sections, restart policy, standby workers, the event stream."""
     config: str | Path | None = None
-    """YAML file with any of the launcher's settings."""
+    """YAML file with any of the launcher's settings: the flags win over it, and a setting left at its default is
+    not written as a flag, so the file's value for it applies."""
 
     module: ClassVar[str] = "nvrx_lab.launcher"
 
@@ -172,6 +177,20 @@ class Launcher(Torchrun):
     def local(cls, nproc: int, port: int | None = None, **flags: Value):
         """``nproc`` workers here; the launcher always meets over c10d (127.0.0.1, a free port pair)."""
         return cls.c10d(nproc, port, **flags)
+
+    @classmethod
+    def of(cls, settings: LauncherConfig | None = None, **flags: Value) -> Launcher:
+        """From flag-named values: torchrun's fields above, ``config``, and any setting of :class:`LauncherConfig`
+        (``heartbeat_timeout=3``, ``section_timeouts="checkpoint=20"``: :meth:`LauncherConfig.from_kwargs`), those
+        over ``settings`` when given."""
+        own = {f.name for f in dataclasses.fields(cls)}
+        base = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)} if settings else {}
+        settings = LauncherConfig.from_kwargs(**base | {k: v for k, v in flags.items() if k not in own})
+        return cls(**{k: v for k, v in flags.items() if k in own}, settings=settings)  # type: ignore[arg-type]
+
+    def flags(self) -> list[tuple[str, str | None]]:
+        where = flags_of((f.name, getattr(self, f.name)) for f in dataclasses.fields(_Rendezvous))
+        return [*where, *self.settings.pairs(), *flags_of([("config", self.config)])]
 
 
 @dataclass(frozen=True)
@@ -261,4 +280,5 @@ def torchrun(nproc: int, *args: str, timeout: float = 300, env: dict | None = No
     return run(Torchrun.local(nproc, port).argv(args), timeout, env)
 
 
-__all__ = ["Launcher", "RunResult", "Spawn", "Torchrun", "Worker", "flags_of", "flat", "head_for", "run", "torchrun", "trainer"]
+__all__ = ["Launcher", "LauncherConfig", "RunResult", "Spawn", "Torchrun", "Worker", "flags_of", "flat", "head_for", "run",
+           "torchrun", "trainer"]

@@ -289,7 +289,7 @@ def test_bad_directories_give_clear_errors(tmp_path):
     with pytest.raises(CheckpointNotFoundError, match="not a checkpoint directory.*model.pt"):
         AsyncCheckpointer(other, start_writer=False).load({})
     (tmp_path / "afile").write_text("x")
-    with pytest.raises(NotADirectoryError, match="afile"):
+    with pytest.raises(ValueError, match="afile"):
         AsyncCheckpointer(tmp_path / "afile", start_writer=False)
     good = AsyncCheckpointer(tmp_path / "good", start_writer=False)
     good.save({"w": torch.ones(2)}, step=3)

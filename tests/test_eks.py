@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nvrx_lab.eks import MODES, JobSpec, ManifestError, render, to_yaml, validate, write_manifests
+from nvrx_lab.cli import leaves
+from nvrx_lab.eks import MODES, JobSpec, ManifestError, pod_launcher, render, to_yaml, validate, write_manifests
 from nvrx_lab.eks.__main__ import main as eks_main
 from nvrx_lab.eks.commands import argv, launcher_flags, trainer_flags
 from nvrx_lab.eks.render import find
@@ -124,6 +125,11 @@ def test_validate_reports_every_violation_with_its_path():
     (dict(node_lost_toleration_s=600), "node_lost_toleration_s", "0..300"),
     (dict(nccl_trace_buffer=-1), "nccl_trace_buffer", "0 (off)"),
     (dict(train_extra=("--pg-timeout", "5")), "train_extra", "--pg-timeout"),
+    (dict(heartbeat_timeout=0), "launcher.heartbeat_timeout", "> 0 seconds"),
+    (dict(max_restarts=-1), "launcher.max_restarts", ">= 0"),
+    (dict(monitor_interval=400), "launcher.monitor_interval", "shorter than heartbeat_timeout (300 s)"),
+    (dict(section_timeouts={"Checkpoint": 60}), "launcher.section_timeouts", "lower-case section names"),
+    (dict(launcher=pod_launcher(metrics_file="/tmp/m.jsonl")), "launcher.metrics_file", "None"),
 ])
 def test_bad_spec_raises_naming_the_field_and_what_is_allowed(kw, field, allowed):
     with pytest.raises(ValueError) as err:
@@ -210,6 +216,24 @@ def test_per_mode_commands_and_restart_policies():
     assert "FI_PROVIDER" not in g6 and "NCCL_NET" not in g6  # no EFA at all: NCCL's own sockets
 
 
+def test_every_launcher_setting_of_the_spec_reaches_the_pods_launcher(tmp_path):
+    """``JobSpec.launcher`` is the launcher's own config: the pod's flags and its ConfigMap, read back by the
+    launcher's parser, give that config (with the mode's restart policy and the run's event file)."""
+    from nvrx_lab.launcher.cli import parse
+
+    launcher = pod_launcher(heartbeat_timeout=42.5, shutdown_timeout=30, standby=False, standby_preload=["torch"],
+                            min_healthy=1, section_timeouts={"checkpoint": 700, "eval": 30})
+    s = spec(mode="ft_launcher+inprocess", launcher=launcher, pg_timeout=900)
+    ms = render(s)
+    (tmp_path / "launcher.yaml").write_text(find(ms, "ConfigMap")[0]["data"]["launcher.yaml"])
+    env = {"NNODES": "2", "NPROC_PER_NODE": "8", "RANK0_HOST": "j-0.j", "RDZV_PORT": "29400", "NODE_ADDR": "j-0.j",
+           "IS_RDZV_HOST": "1", "RUN_DIR": str(tmp_path), "LAUNCHER_CONFIG": str(tmp_path / "launcher.yaml")}
+    args, read = parse([*argv(launcher_flags(s), env), "-m", "nvrx_lab.train"])
+    assert read == dataclasses.replace(s.launcher, metrics_file=f"{tmp_path}/metrics.jsonl")
+    assert read.restart_policy == "min-healthy" and read.heartbeat_timeout == 42.5 and read.standby is False
+    assert (args.max_restarts, args.monitor_interval, args.shutdown_timeout) == (10, 1.0, 30)
+
+
 def test_every_launcher_and_trainer_flag_carries_a_comment():
     for mode in MODES:
         script = script_of(render(spec(mode=mode, faults="1:50:exception")))
@@ -294,10 +318,11 @@ def test_cli_render_and_validate(tmp_path, capsys):
 
 def test_trainer_accepts_every_rendered_trainer_flag():
     import nvrx_lab.train as train
-    fields = {f.name for f in dataclasses.fields(train.TrainConfig)}
+    fields = set(train.TrainConfig.flags())
     flags = {f.flag[2:].replace("-", "_") for m in MODES for f in trainer_flags(spec(mode=m, faults="1:5:exception"))}
     assert flags <= fields, f"nvrx_lab.train has no flag for {sorted(flags - fields)}"
+    choices = {flag: typing.get_args(kind) for _, _, kind, flag in leaves(train.TrainConfig)}
     for m in MODES:  # and the values are among the trainer's choices
         s = spec(mode=m)
-        assert s.mode_info.restart in typing.get_args(typing.get_type_hints(train.TrainConfig)["restart"])
-        assert s.ckpt_mode in typing.get_args(typing.get_type_hints(train.TrainConfig)["ckpt"])
+        assert s.mode_info.restart in choices["restart"]
+        assert s.ckpt_mode in choices["ckpt"]

@@ -86,7 +86,7 @@ def test_backoff_limit_covers_whole_group_failures(nodes):
     rules = launcher["podFailurePolicy"]["rules"]
     assert {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]} in rules
     assert find(render(_spec(nodes=nodes, backoff_limit=0)), "Job")[0]["spec"]["backoffLimit"] == 0
-    assert _spec().max_restarts >= 10
+    assert _spec().launcher.max_restarts >= 10
 
 
 def test_fault_schedule_uses_the_trainers_grammar():

@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import boto3
 import pytest
 
-from nvrx_lab.eks import EksError, JobSpec, delete, eks_token, parse_goodput, submit
+from nvrx_lab.eks import Access, EksError, JobSpec, Watch, delete, eks_token, parse_goodput, submit
 from nvrx_lab.net import free_port
 
 pytest.importorskip("moto.server")
@@ -195,7 +195,7 @@ def test_dry_run_renders_and_validates_without_touching_aws(monkeypatch):
 @pytest.mark.timeout(60)
 def test_submit_creates_watches_streams_rank0_and_picks_up_goodput(aws, kube, caplog, capsys):
     caplog.set_level(logging.INFO)
-    res = submit(SPEC, CLUSTER, REGION, dry_run=False, poll_s=0.05, timeout_s=30, api_server=kube.url)
+    res = submit(SPEC, CLUSTER, REGION, dry_run=False, watch=Watch(timeout_s=30, poll_s=0.05), access=Access(api_server=kube.url))
     assert res.status == "Succeeded", res
     assert res.goodput == {"training_goodput": 0.87, "faults": 2}
     assert any("GOODPUT" in line for line in res.log_tail)
@@ -214,23 +214,23 @@ def test_submit_creates_watches_streams_rank0_and_picks_up_goodput(aws, kube, ca
 
 @pytest.mark.timeout(60)
 def test_resubmit_replaces_config_service_and_job_but_keeps_the_namespace(aws, kube):
-    submit(SPEC, CLUSTER, REGION, dry_run=False, watch_job=False, api_server=kube.url)
+    submit(SPEC, CLUSTER, REGION, dry_run=False, watch=None, access=Access(api_server=kube.url))
     kube.requests.clear()
-    res = submit(SPEC, CLUSTER, REGION, dry_run=False, watch_job=False, api_server=kube.url, replace=True)
+    res = submit(SPEC, CLUSTER, REGION, dry_run=False, watch=None, access=Access(api_server=kube.url), replace=True)
     assert res.actions == ["exists Namespace/nvrx-lab", "replaced ConfigMap/llama-ft-launcher",
                            "replaced Service/llama-ft", "replaced Job/llama-ft"]
     methods = [(m, p.rsplit("/", 2)[-2:]) for m, p, *_ in kube.requests]
     assert ("DELETE", ["jobs", "llama-ft"]) in methods
     job_delete = next(q for m, p, _, q in kube.requests if m == "DELETE" and p.endswith("/jobs/llama-ft"))
     assert "propagationPolicy=Foreground" in job_delete  # the pods go with the Job
-    assert delete(SPEC, CLUSTER, REGION, api_server=kube.url) == [
+    assert delete(SPEC, CLUSTER, REGION, access=Access(api_server=kube.url)) == [
         "deleted Job/llama-ft", "deleted Service/llama-ft", "deleted ConfigMap/llama-ft-launcher"]
-    assert delete(SPEC, CLUSTER, REGION, api_server=kube.url) == []
+    assert delete(SPEC, CLUSTER, REGION, access=Access(api_server=kube.url)) == []
 
 
 def test_cluster_not_found_is_one_clear_message(aws, kube):
     with pytest.raises(EksError, match=r"EKS cluster 'nope' not found in us-west-2: check the name and region") as err:
-        submit(SPEC, "nope", REGION, dry_run=False, api_server=kube.url)
+        submit(SPEC, "nope", REGION, dry_run=False, access=Access(api_server=kube.url))
     assert SECRET_KEY not in str(err.value) and ACCESS_KEY not in str(err.value)
 
 
@@ -243,7 +243,7 @@ def test_cluster_not_found_is_one_clear_message(aws, kube):
 def test_forbidden_and_quota_are_one_clear_message(aws, kube, message, expected):
     kube.fail = {"POST jobs": (403, message)}
     with pytest.raises(EksError, match=expected):
-        submit(SPEC, CLUSTER, REGION, dry_run=False, api_server=kube.url)
+        submit(SPEC, CLUSTER, REGION, dry_run=False, access=Access(api_server=kube.url))
 
 
 def test_no_credentials_is_one_clear_message(aws, monkeypatch, kube):
@@ -251,7 +251,7 @@ def test_no_credentials_is_one_clear_message(aws, monkeypatch, kube):
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     with pytest.raises(EksError, match="no AWS credentials found"):
-        submit(SPEC, CLUSTER, REGION, dry_run=False, api_server=kube.url)
+        submit(SPEC, CLUSTER, REGION, dry_run=False, access=Access(api_server=kube.url))
 
 
 def test_goodput_line_formats():

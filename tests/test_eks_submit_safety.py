@@ -11,17 +11,17 @@ import tempfile
 import pytest
 from test_eks_submit import CLUSTER, REGION, SPEC, aws, kube, moto_url  # noqa: F401 - the fixtures
 
-from nvrx_lab.eks import EksError, auth, submit
+from nvrx_lab.eks import Access, EksError, Watch, auth, submit
 from nvrx_lab.eks.__main__ import main as eks_main
 from nvrx_lab.eks.auth import api_client
 
 
 @pytest.mark.timeout(60)
 def test_resubmitting_a_running_job_is_an_error_unless_replace(aws, kube, capsys):
-    submit(SPEC, CLUSTER, REGION, dry_run=False, watch_job=False, api_server=kube.url)
+    submit(SPEC, CLUSTER, REGION, dry_run=False, watch=None, access=Access(api_server=kube.url))
     kube.requests.clear()
     with pytest.raises(EksError, match=r"Job nvrx-lab/llama-ft already exists .*replace=True \(CLI: --replace\)"):
-        submit(SPEC, CLUSTER, REGION, dry_run=False, watch_job=False, api_server=kube.url)
+        submit(SPEC, CLUSTER, REGION, dry_run=False, watch=None, access=Access(api_server=kube.url))
     assert [m for m, *_ in kube.requests if m != "GET"] == []  # nothing deleted, replaced or created
     cli = ["submit", "--cluster", CLUSTER, "--region", REGION, "--name", "llama-ft", "--image", "repo/nvrx-lab:1",
            "--api-server", kube.url, "--no-dry-run"]
@@ -36,13 +36,13 @@ def test_namespace_scoped_user_submits_into_an_existing_namespace(aws, kube):
     kube.objects["/api/v1/namespaces/nvrx-lab"] = {"kind": "Namespace", "metadata": {"name": "nvrx-lab"}}
     forbidden = 'namespaces "nvrx-lab" is forbidden: User "dev" cannot get resource "namespaces" at the cluster scope'
     kube.fail = {"GET /api/v1/namespaces/nvrx-lab": (403, forbidden), "POST /api/v1/namespaces": (403, forbidden)}
-    res = submit(SPEC, CLUSTER, REGION, dry_run=False, watch_job=False, api_server=kube.url)
+    res = submit(SPEC, CLUSTER, REGION, dry_run=False, watch=None, access=Access(api_server=kube.url))
     assert res.status == "submitted"
     assert res.actions[0].startswith("assumed Namespace/nvrx-lab (403") and res.actions[-1] == "created Job/llama-ft"
     kube.fail = {}  # and one who may read it: read first, never a create that would be refused
     kube.requests.clear()
-    res = submit(dataclasses.replace(SPEC, name="other"), CLUSTER, REGION, dry_run=False, watch_job=False,
-                 api_server=kube.url)
+    res = submit(dataclasses.replace(SPEC, name="other"), CLUSTER, REGION, dry_run=False, watch=None,
+                 access=Access(api_server=kube.url))
     assert res.actions[0] == "exists Namespace/nvrx-lab"
     assert "/api/v1/namespaces" not in [p for m, p, *_ in kube.requests if m == "POST"]
 
@@ -51,7 +51,7 @@ def test_namespace_scoped_user_submits_into_an_existing_namespace(aws, kube):
 def test_watch_says_why_pods_are_pending(aws, kube, capsys):
     kube.pending = {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                                     "message": "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."}]}
-    res = submit(SPEC, CLUSTER, REGION, dry_run=False, poll_s=0.05, timeout_s=30, api_server=kube.url,
+    res = submit(SPEC, CLUSTER, REGION, dry_run=False, watch=Watch(timeout_s=30, poll_s=0.05), access=Access(api_server=kube.url),
                  echo=lambda line: None)
     assert res.status == "Succeeded"
     out = capsys.readouterr().out
@@ -80,10 +80,10 @@ def test_a_leftover_service_or_configmap_is_not_replaced_without_replace(aws, ku
     """A Job's TTL removes only the Job: its Service and ConfigMap stay, and may be someone else's."""
     kube.objects["/api/v1/namespaces/nvrx-lab/services/llama-ft"] = {"kind": "Service", "metadata": {"name": "llama-ft"}}
     with pytest.raises(EksError, match=r"Service/llama-ft already exist in namespace nvrx-lab .*replace=True \(CLI: --replace\)"):
-        submit(SPEC, CLUSTER, REGION, dry_run=False, watch_job=False, api_server=kube.url)
+        submit(SPEC, CLUSTER, REGION, dry_run=False, watch=None, access=Access(api_server=kube.url))
     assert [m for m, *_ in kube.requests if m != "GET"] == []  # nothing created or replaced: nothing half-submitted
     kube.requests.clear()
-    res = submit(SPEC, CLUSTER, REGION, dry_run=False, watch_job=False, api_server=kube.url, replace=True)
+    res = submit(SPEC, CLUSTER, REGION, dry_run=False, watch=None, access=Access(api_server=kube.url), replace=True)
     assert "replaced Service/llama-ft" in res.actions and res.actions[-1] == "created Job/llama-ft"
 
 
@@ -91,5 +91,5 @@ def test_a_jobset_is_rendered_and_validated_but_not_submitted(aws, kube):
     spec = dataclasses.replace(SPEC, workload="jobset")
     assert submit(spec, CLUSTER, REGION).manifests[-1]["kind"] == "JobSet"  # the dry run validates it
     with pytest.raises(EksError, match="apply it with kubectl apply -f"):
-        submit(spec, CLUSTER, REGION, dry_run=False, api_server=kube.url)
+        submit(spec, CLUSTER, REGION, dry_run=False, access=Access(api_server=kube.url))
     assert not [m for m, *_ in kube.requests if m != "GET"]

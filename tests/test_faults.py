@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from nvrx_lab.faults import Fault, FaultInjector, InjectedFault, format_schedule, make_schedule, parse_schedule
+from nvrx_lab.faults import Fault, FaultConfig, FaultInjector, InjectedFault, format_schedule, make_schedule, parse_schedule
 from nvrx_lab.observe.events import EventLog, read_events
 
 
@@ -59,7 +59,7 @@ def test_a_fault_fires_once_even_after_a_restart(tmp_path):
 
 def test_oom_stand_in_raises_memory_error():
     with pytest.raises(MemoryError, match="injected memory exhaustion"):
-        FaultInjector(parse_schedule("0:1:oom"), rank=0, oom_bytes=1 << 20)(1)
+        FaultInjector(parse_schedule("0:1:oom"), rank=0)(1)
 
 
 def test_sigkill_takes_the_process(tmp_path):
@@ -82,12 +82,25 @@ def test_phases_fire_only_in_their_phase(tmp_path):
 
 
 def test_attempts_are_for_callers_that_know_their_attempt():
-    kinds = ("exception", "hang", "sigkill")
-    faults = parse_schedule("1:0:4:exception,0:1-2:7:hang,2:*:9:sigkill", kinds=kinds, with_attempts=True)
-    assert [f.fires_in(1) for f in faults] == [False, True, True]
-    assert faults[0] == Fault(1, 4, "exception", attempts=range(0, 1)) and faults[2].attempts is None
-    assert parse_schedule(format_schedule(faults), kinds=kinds, with_attempts=True) == faults
-    with pytest.raises(ValueError, match="ATTEMPTS .* is for the demo workers"):
-        parse_schedule("1:0:4:exception")  # the trainer fires each fault once instead
+    faults = parse_schedule("1:0:4:exception,0:1-2:7:hang,2:*:9:sigkill,*:0:3:pause:5")
+    assert [f.fires_in(1) for f in faults] == [False, True, True, False]
+    assert faults[0] == Fault(1, 4, "exception", attempts=range(0, 1)) and faults[2].fires_in(999)
+    assert faults[3].hits(0) and faults[3].hits(7) and faults[3].value == 5  # every rank pauses 5 s
+    assert parse_schedule(format_schedule(faults)) == faults
+    with pytest.raises(ValueError, match="ATTEMPTS is for the demo workers"):
+        FaultConfig("1:0:4:exception")  # the trainer fires each fault once instead
     with pytest.raises(ValueError, match="'3-1' is an empty range"):
-        parse_schedule("1:3-1:4:exception", with_attempts=True)
+        parse_schedule("1:3-1:4:exception")
+
+
+def test_a_fault_with_attempts_fires_in_each_of_them_and_one_without_once():
+    faults = parse_schedule("0:0-1:2:exception,0:3:exception")
+    for attempt in (0, 1):
+        with pytest.raises(InjectedFault):
+            FaultInjector(faults, rank=0, attempt=attempt)(2)
+    FaultInjector(faults, rank=0, attempt=2)(2)  # not in attempt 2
+    once = FaultInjector(faults, rank=0, attempt=0)
+    with pytest.raises(InjectedFault):
+        once(3)
+    once.attempt = 1
+    once(3)  # fired once already: an in-process restart does not fire it again

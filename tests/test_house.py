@@ -102,3 +102,72 @@ def test_ruff_passes():
         pytest.fail("ruff is missing from this environment: pip install -e '.[test]'")
     res = subprocess.run([ruff, "check", "nvrx_lab", "tests"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+
+
+# -- issue #34: a house a newcomer can change without reading all of it ------------------------------------
+MAX_TOP_LEVEL_MODULES = 12
+MAX_SLEEP_POLLS = 3
+MAX_MANY_PARAMETER_FUNCTIONS = 3
+MAX_ENV_READERS = 8
+
+
+def _trees():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        yield path, ast.parse(path.read_text())
+
+
+def test_a_top_level_of_few_modules():
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, f"{len(top)} top-level modules (at most {MAX_TOP_LEVEL_MODULES}): {top}"
+
+
+def test_waits_go_through_the_one_wait_helper():
+    """A loop that sleeps to poll is a wait: ``nvrx_lab.net.wait_for`` (bounded, it beats nvrx_lab.liveness where
+    asked, one place to read). What may keep its own loop is counted here, and says why in a comment."""
+    polls = []
+    for path, tree in _trees():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.While) and any(isinstance(n, ast.Call) and ast.unparse(n.func) == "time.sleep"
+                                                   for n in ast.walk(node)):
+                polls.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    allowed = {"nvrx_lab/net.py"}  # the helper itself
+    outside = [p for p in polls if p.split(":")[0] not in allowed]
+    assert len(outside) <= MAX_SLEEP_POLLS, f"{len(outside)} sleep-poll loops outside wait_for: {outside}"
+
+
+def test_functions_take_few_parameters():
+    many = []
+    for path, tree in _trees():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = node.args
+                names = [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
+                if names and names[0] in ("self", "cls"):
+                    names = names[1:]
+                if len(names) > 8:
+                    many.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}({len(names)})")
+    assert len(many) <= MAX_MANY_PARAMETER_FUNCTIONS, f"{len(many)} functions over 8 parameters: {many}"
+
+
+def test_the_environment_is_read_where_a_process_starts():
+    readers = sorted(str(p.relative_to(ROOT)) for p, _ in _trees()
+                     if "os.environ" in p.read_text() or "getenv" in p.read_text())
+    assert len(readers) <= MAX_ENV_READERS, f"{len(readers)} modules read the environment: {readers}"
+
+
+def test_no_forwarding_between_our_own_components():
+    """Contracts a reader can find: no ``__getattr__`` forwarding anywhere in the package."""
+    forwards = [f"{p.relative_to(ROOT)}:{n.lineno}" for p, tree in _trees() for n in ast.walk(tree)
+                if isinstance(n, ast.FunctionDef) and n.name == "__getattr__"]
+    assert not forwards, forwards
+
+
+def test_one_fault_vocabulary():
+    """Every demo worker and the trainer inject through nvrx_lab.faults; nobody declares kinds of its own."""
+    own = [f"{p.relative_to(ROOT)}:{n.lineno}" for p, tree in _trees() for n in ast.walk(tree)
+           if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "KINDS" for t in n.targets)
+           and p.parent.name != "faults" and "bench" not in p.parts and p.name != "recovery_worker.py"]
+    assert not own, f"fault kinds declared outside nvrx_lab.faults: {own}"
+    injectors = [str(p.relative_to(ROOT)) for p, tree in _trees() for n in ast.walk(tree)
+                 if isinstance(n, ast.FunctionDef) and n.name == "inject" and p.parent.name != "faults"]
+    assert not injectors, f"fault injectors outside nvrx_lab.faults: {injectors}"

@@ -1,5 +1,5 @@
 """In-process restart (nvrx_lab.inprocess): fast unit tests of the policies and the interrupt,
-then end-to-end runs of ``nvrx_lab.inprocess.demo_worker`` on 2-3 real processes with
+then end-to-end runs of ``nvrx_lab.demo.inprocess_worker`` on 2-3 real processes with
 deterministic fault schedules (rank:iteration:step:kind)."""
 
 from __future__ import annotations
@@ -17,13 +17,16 @@ from pathlib import Path
 import pytest
 
 from nvrx_lab.inprocess import FillGaps, RestartLimitError, RestartRecord, ShiftRanks, Wrapper
+from nvrx_lab.inprocess.call_wrapper import gloo_sockets
 from nvrx_lab.inprocess.interrupt import MainThreadInterrupter, RankShouldRestart
+from nvrx_lab.inprocess.launch import Launch
+from nvrx_lab.inprocess.monitor import ThreadSettings
 from nvrx_lab.inprocess.restart_log import root_cause
 from nvrx_lab.observe.events import read_events
 from nvrx_lab.reliability.restarts import inprocess_soak
 
 ROOT = Path(__file__).resolve().parents[1]
-WORKER = ["-m", "nvrx_lab.inprocess.demo_worker"]
+WORKER = ["-m", "nvrx_lab.demo.inprocess_worker"]
 GLOO_CUT = [str(ROOT / "tests" / "workers" / "inprocess_gloo_cut.py")]
 
 
@@ -78,6 +81,29 @@ def test_wrapper_rejects_bad_settings_with_the_field_name():
         Wrapper(rank_assignment=lambda *a: {})
     from datetime import timedelta
     assert Wrapper(soft_timeout=timedelta(seconds=3), hard_timeout=timedelta(seconds=4)).soft_timeout == 3.0
+
+
+def test_the_launch_is_read_once_and_each_component_gets_its_settings_from_the_wrapper():
+    launch = Launch.from_env({"RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500",
+                              "GLOO_SOCKET_IFNAME": "eth0,eth1,"})
+    assert (launch.rank, launch.world_size, launch.gloo_interfaces) == (0, 3, ("eth0", "eth1"))
+    assert launch.store_address(None, None) == ("10.0.0.1", 29501) and launch.store_address("h", 7) == ("h", 7)
+    assert Launch.from_env({}) == Launch(0, 1, "127.0.0.1", None)
+    with pytest.raises(RuntimeError, match="MASTER_PORT is not set"):
+        Launch.from_env({}).store_address(None, None)
+    with pytest.raises(RuntimeError, match="WORLD_SIZE='two' is not an integer"):
+        Launch.from_env({"WORLD_SIZE": "two"})
+    w = Wrapper(soft_timeout=2, hard_timeout=None, monitor_interval=0.05, heartbeat_timeout=4, host_store=True)
+    proc = w.process_settings(launch)
+    assert (proc.store_host, proc.store_port, proc.host_store, proc.interval, proc.idle_exit) == ("10.0.0.1", 29501,
+                                                                                                  True, 0.1, 12.0)
+    assert proc.hard_timeout == float("inf") and proc.policy is w.rank_assignment
+    assert not w.process_settings(Launch.from_env({"RANK": "1", "MASTER_PORT": "29500"})).host_store  # rank 0's only
+    assert w.thread_settings() == ThreadSettings(2.0, 0.5, 0.05)
+    group = w.group_settings(launch)
+    assert (group.pg_timeout, group.nccl_min_timeout, group.gloo_max_timeout) == (300.0, 2.0, None)
+    assert gloo_sockets("gloo", 3, group.gloo_transport, group.gloo_interfaces) == 4  # 2 peers x 2 interfaces
+    assert gloo_sockets("gloo", 3, "ibverbs") == 0 and gloo_sockets("nccl", 3) == 0
 
 
 def test_root_cause_prefers_a_death_over_the_collective_errors_it_caused():
@@ -169,7 +195,7 @@ def test_lost_node_by_heartbeat_then_min_world_size_error_lists_every_restart(tm
     assert rc != 0
     assert "in-process restart gave up: only 1 ranks left, min_world_size=2" in out, out
     assert "restarts (2):" in out
-    assert "attempt 0: exception on rank 1: RuntimeError: injected exception" in out
+    assert "attempt 0: exception on rank 1: InjectedFault: injected exception on rank 1" in out
     assert "attempt 1: dead on rank 1: no heartbeat" in out
     assert time.monotonic() - t0 < 45  # the store host does not linger for a dead rank
 

@@ -32,7 +32,7 @@ from nvrx_lab.inprocess import (
     default_health_check,
     teardown,
 )
-from nvrx_lab.inprocess.call_wrapper import CallWrapper, uses_nccl
+from nvrx_lab.inprocess.call_wrapper import CallWrapper, GroupSettings, uses_nccl
 from nvrx_lab.inprocess.interrupt import SocketTracker
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,7 +60,7 @@ class FakeMonitor:
 
 def call_wrapper(min_timeout: float | None = 60.0, pg_timeout: float = 300.0) -> CallWrapper:
     return CallWrapper(State(0, 1, 0, 0, 1, (0,), {0: 0}), None, set(), FakeMonitor(), SocketTracker(), None,
-                       pg_timeout, nccl_min_timeout=min_timeout)
+                       GroupSettings(pg_timeout, nccl_min_timeout=min_timeout))
 
 
 # -- item 1 and 5: a two-attempt job (2 ranks) -----------------------------------------------------

@@ -14,7 +14,7 @@ import pytest
 from nvrx_lab.bench._scale_model import CountingClient, Ranks
 from nvrx_lab.inprocess import rendezvous
 from nvrx_lab.inprocess.interrupt import MainThreadInterrupter
-from nvrx_lab.inprocess.monitor import MonitorThread
+from nvrx_lab.inprocess.monitor import MonitorThread, ThreadSettings
 from nvrx_lab.inprocess.monitor_process import Judge, Progress
 from nvrx_lab.inprocess.rank_assignment import FillGaps, ShiftRanks
 from nvrx_lab.inprocess.store import Decision, RestartStore, connect, encode_decision, host
@@ -153,8 +153,8 @@ def test_the_monitor_thread_beats_only_when_its_monitor_process_has_stopped(stor
     once those notes are two intervals old (the process is gone), so a rank looks dead only when both stop."""
     client = CountingClient(connect("127.0.0.1", store_port))
     page, interrupter = Progress(), MainThreadInterrupter()
-    monitor = MonitorThread(RestartStore(client), 3, interrupter, lambda state: None, soft_timeout=60.0,
-                            heartbeat_interval=0.05, interval=0.005, page=page)
+    monitor = MonitorThread(RestartStore(client), 3, interrupter, lambda state: None,
+                            ThreadSettings(soft_timeout=60.0, heartbeat_interval=0.05, interval=0.005), page=page)
     monitor.start()
     try:
         t0 = time.monotonic()
@@ -239,8 +239,8 @@ def test_the_monitor_never_reads_half_a_progress_write():
 def test_a_restart_spread_over_processes_counts_as_in_one():
     """bench scale's restart with its simulated ranks in 3 worker processes (as at 1,024 ranks) takes the same
     store operations as all of them in one process."""
-    from nvrx_lab.bench._scale_model import measure_restart
     from nvrx_lab.bench._scale_procs import measure_restart_procs
+    from nvrx_lab.bench._scale_restart import measure_restart
 
     spread = measure_restart_procs(9, 3, timeout=60)
     port = free_port()

@@ -44,8 +44,8 @@ def steps_by_restart(events):
 @pytest.mark.timeout(90)
 def test_sigkill_then_hang_both_restart_without_standby(tmp_path):
     """Plain torchelastic process start: a SIGKILL (attempt 0) and a hang (attempt 1) both recover."""
-    rc, out, ev = launch(tmp_path, dict(max_restarts=3, heartbeat_timeout=2, no_standby=True),
-                         ["--steps", "12", "--fault", "kill", "--fault-restarts", "0"])
+    rc, out, ev = launch(tmp_path, dict(max_restarts=3, heartbeat_timeout=2, standby=False),
+                         ["--steps", "12", "--faults", "1:0:5:sigkill"])
     assert rc == 0, out
     fail = {e["rank"]: e for e in ev if e["kind"] == "launcher_failure"}  # rank 0 dies of losing its peer too
     assert (fail[1]["signal"], fail[1]["restart_count"]) == ("SIGKILL", 1)
@@ -59,7 +59,7 @@ def test_sigkill_then_hang_both_restart_without_standby(tmp_path):
 @pytest.mark.timeout(90)
 def test_hangs_detected_and_restarted_with_standby(tmp_path):
     rc, out, ev = launch(tmp_path, dict(max_restarts=3, heartbeat_timeout=2),
-                         ["--steps", "12", "--fault", "hang", "--fault-restarts", "0-1"])
+                         ["--steps", "12", "--faults", "1:0-1:5:hang"])
     assert rc == 0, out
     # Rank 1 hangs before its all-reduce and rank 0 waits in it: both last beat at the end of the step before,
     # microseconds apart, and which crosses the timeout at a poll first is chance. The agent names both (SETTLE_S).
@@ -78,7 +78,7 @@ def test_hangs_detected_and_restarted_with_standby(tmp_path):
 def test_long_phase_inside_section_is_not_a_hang_but_outside_it_is(tmp_path):
     ok_dir, bad_dir = tmp_path / "ok", tmp_path / "bad"
     ok_dir.mkdir(), bad_dir.mkdir()
-    slow = ["--steps", "6", "--fault", "slow", "--fault-step", "2", "--slow-s", "4"]
+    slow = ["--steps", "6", "--faults", "*:0:2:pause:4"]  # every rank: a legitimate 4 s phase
     rc, out, ev = launch(ok_dir, dict(max_restarts=0, heartbeat_timeout=1.5, section_timeouts="checkpoint=20"),
                          [*slow, "--section", "checkpoint"])
     assert rc == 0, out
@@ -94,7 +94,7 @@ def test_min_healthy_stops_the_hung_rank_and_lets_the_survivor_finish(tmp_path):
     """The survivor's stand-in for the in-process wrapper gives up on its peer after 1.5 s (gloo timeout),
     before the launcher's 4 s heartbeat timeout (as NVRx advises: launcher timeouts above in-process ones)."""
     rc, out, ev = launch(tmp_path, dict(max_restarts=2, heartbeat_timeout=4, restart_policy="min-healthy", min_healthy=1),
-                         ["--steps", "40", "--fault", "hang", "--fault-step", "3", "--on-peer-loss", "continue",
+                         ["--steps", "40", "--faults", "1:0:3:hang", "--on-peer-loss", "continue",
                           "--pg-timeout", "1.5"])
     assert rc == 0, out
     fail = [e for e in ev if e["kind"] == "launcher_failure"]
@@ -109,8 +109,7 @@ def test_usage_error_stops_at_once_without_restart(tmp_path):
     """Exit 2 (a bad flag) fails the same way on every attempt: one attempt, launcher exits 2."""
     t0 = time.monotonic()
     rc, out, ev = launch(tmp_path, dict(max_restarts=3),
-                         ["--steps", "6", "--fault", "exit", "--exit-code", "2", "--fault-step", "1",
-                          "--fault-restarts", "0-9"])
+                         ["--steps", "6", "--faults", "1:0-9:1:exit:2"])
     wall = time.monotonic() - t0
     assert rc == 2, out
     assert "worker rank 1 exited 2 (usage error): not restarting" in out
@@ -126,14 +125,14 @@ def test_usage_error_stops_at_once_without_restart(tmp_path):
 def test_bad_worker_flag_exits_2_without_restart(tmp_path):
     rc, out, _ = launch(tmp_path, dict(max_restarts=3), ["--steps", "three"])
     assert rc == 2, out
-    assert "invalid int value: 'three'" in out and "(usage error): not restarting" in out
+    assert "expected an integer, got 'three'" in out and "(usage error): not restarting" in out
     assert "restart 1/3" not in out
 
 
 @pytest.mark.timeout(90)
 def test_exit_1_is_still_restarted(tmp_path):
     rc, out, ev = launch(tmp_path, dict(max_restarts=1),
-                         ["--steps", "4", "--fault", "exit", "--exit-code", "1", "--fault-step", "1"])
+                         ["--steps", "4", "--faults", "1:0:1:exit:1"])
     assert rc == 0, out
     fail = {e["rank"]: e for e in ev if e["kind"] == "launcher_failure"}  # rank 0 may have lost its peer too
     assert (fail[1]["exit_code"], fail[1]["restart_count"]) == (1, 1)

@@ -7,9 +7,11 @@ import sys
 import time
 
 import pytest
+import yaml
 
 from nvrx_lab.launcher import RankMonitorClient, RankMonitorClientError, Timeouts
 from nvrx_lab.launcher.cli import ConfigError, load_yaml, parse
+from nvrx_lab.launcher.config import LauncherConfig, SettingError
 from nvrx_lab.launcher.monitor import MonitorServer
 from nvrx_lab.launcher.policy import MinHealthy, any_failed, make_policy
 from nvrx_lab.launcher.timeouts import Observed, RankClock, calculate, find_hang, parse_section_timeouts
@@ -74,6 +76,51 @@ def test_yaml_errors_name_the_key(tmp_path, text, match):
     cfg.write_text(text)
     with pytest.raises(ConfigError, match=match):
         load_yaml(str(cfg))
+
+
+def test_launcher_config_loads_three_ways_alike_and_the_runner_writes_what_the_cli_reads(tmp_path):
+    """One definition: keyword arguments, a YAML file of the same keys and the command line give the same config,
+    and :class:`~nvrx_lab.runner.Launcher` writes a config as flags the launcher's parser reads back into it."""
+    from nvrx_lab.runner import Launcher
+
+    values = dict(max_restarts=2, monitor_interval=0.5, shutdown_timeout=9, heartbeat_timeout=2.5,
+                  initial_heartbeat_timeout=40, section_timeouts={"checkpoint": 30, "eval": 7.5},
+                  restart_policy="min-healthy", min_healthy=1, standby=False, standby_preload=["torch"],
+                  metrics_file=str(tmp_path / "m.jsonl"))
+    kwargs = LauncherConfig.from_kwargs(**values)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(values))
+    assert LauncherConfig.from_yaml_file(tmp_path / "c.yaml") == kwargs
+    assert parse(["--config", str(tmp_path / "c.yaml"), "w.py"])[1] == kwargs
+    cmd = Launcher.local(2, 29400, settings=kwargs).argv(["w.py"])
+    assert "--no-standby" in cmd and "--section-timeouts" in cmd and "--config" not in cmd
+    assert parse(cmd[3:])[1] == kwargs  # after "python -m nvrx_lab.launcher"
+    assert parse(Launcher.local(2, 29400).argv(["w.py"])[3:])[1] == LauncherConfig()  # defaults: no flags written
+
+
+@pytest.mark.parametrize("values,field,problem", [
+    (dict(heartbeat_timeout=0), "heartbeat_timeout", "must be > 0 seconds, got 0"),
+    (dict(monitor_interval="fast"), "monitor_interval", "must be a number of seconds, got 'fast'"),
+    (dict(max_restarts=-1), "max_restarts", "must be >= 0, got -1"),
+    (dict(min_healthy=0), "min_healthy", "must be >= 1, got 0"),
+    (dict(restart_policy="sometimes"), "restart_policy", "'any-failed' or 'min-healthy'"),
+    (dict(section_timeouts={"checkpoint": -2}), "section_timeouts", "'checkpoint' must be > 0 seconds"),
+    (dict(standby="yes"), "standby", "true or false"),
+])
+def test_launcher_config_names_the_bad_setting(values, field, problem):
+    with pytest.raises(SettingError, match=f"^LauncherConfig.{field}: ") as err:
+        LauncherConfig(**values)
+    assert problem in str(err.value) and err.value.field == field
+
+
+def test_environment_is_read_only_where_the_launcher_starts(tmp_path):
+    """``$NVRX_LAB_METRICS`` reaches the restart log through :func:`parse`'s ``environ``, never read deeper down."""
+    metrics = str(tmp_path / "m.jsonl")
+    assert parse(["w.py"], environ={"NVRX_LAB_METRICS": metrics})[1].metrics_file == metrics
+    assert parse(["w.py"], environ={})[1].metrics_file is None
+    assert parse(["--metrics-file", "x.jsonl", "w.py"], environ={"NVRX_LAB_METRICS": metrics})[1].metrics_file == "x.jsonl"
+    with pytest.raises(ConfigError, match=r"^\$NVRX_LAB_METRICS .* is a file"):
+        (tmp_path / "f").write_text("")
+        parse(["w.py"], environ={"NVRX_LAB_METRICS": str(tmp_path / "f" / "m.jsonl")})
 
 
 def test_bad_flags_exit_2(tmp_path, capsys):

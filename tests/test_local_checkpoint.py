@@ -243,14 +243,14 @@ def left_in_memory(tmp_path: Path) -> list[str]:
     return sorted(str(p.relative_to(tmp_path)) for p in tmp_path.glob("shm-node*/*/*"))
 
 
-ENV = {"NVRX_LAB_LOCAL_GRACE_S": "30"}
+GRACE = dict(local_ckpt_grace=30)
 
 
 @pytest.mark.timeout(150)
 def test_inprocess_exception_and_hang_restore_from_memory_and_redo_no_step(port, tmp_path):
     cmd = Torchrun.local(2, port).argv(trainer(steps=14, restart="inprocess", soft_timeout=3, hard_timeout=30,
-                                               faults="1:7:exception,1:11:hang", **local_flags(tmp_path)))
-    res = run_group(cmd, timeout=130, env=ENV)
+                                               faults="1:7:exception,1:11:hang", **local_flags(tmp_path, **GRACE)))
+    res = run_group(cmd, timeout=130)
     assert res.returncode == 0, res.stdout[-4000:]
     assert_one_curve(read_events(tmp_path / "m.jsonl"), steps=14)
     got = sorted((e["step"] >= 10, e["rank"], e["step"], e["source"], e["rollback_steps"]) for e in resumes(tmp_path))
@@ -269,8 +269,8 @@ def test_inprocess_exception_and_hang_restore_from_memory_and_redo_no_step(port,
 def test_a_worker_replaced_by_the_launcher_restores_from_node_memory(port, tmp_path):
     launcher = Launcher.local(2, port, max_restarts=2, heartbeat_timeout=5, initial_heartbeat_timeout=60,
                               monitor_interval=0.2, metrics_file=tmp_path / "m.jsonl")
-    res = run_group(launcher.argv(trainer(steps=12, restart="launcher", faults="1:8:sigkill", **local_flags(tmp_path))),
-                    timeout=130, env=ENV)
+    res = run_group(launcher.argv(trainer(steps=12, restart="launcher", faults="1:8:sigkill",
+                                          **local_flags(tmp_path, **GRACE))), timeout=130)
     assert res.returncode == 0, res.stdout[-4000:]
     assert_one_curve(read_events(tmp_path / "m.jsonl"), steps=12)
     got = resumes(tmp_path)
@@ -293,10 +293,11 @@ def two_nodes(port: int, worker, env: dict, timeout: float) -> list[RunResult]:
 
 @pytest.mark.timeout(200)
 def test_a_replaced_node_restores_from_its_peers_replica(port, tmp_path):
-    flags = local_flags(tmp_path, steps=12, run_id="two-nodes")  # the relaunch continues the run (as a pod restart)
-    # node 0's copies must outlive the first job until the relaunch holds them: under load its last ranks take
-    # over 30 s to exit (node 0's folder is unheld all that while), so a grace longer than that wait
-    env = {"NVRX_LAB_LOCAL_GRACE_S": "300"}
+    # the relaunch continues the run (as a pod restart). Node 0's copies must outlive the first job until the
+    # relaunch holds them: under load its last ranks take over 30 s to exit (node 0's folder is unheld all that
+    # while), so a grace longer than that wait
+    flags = local_flags(tmp_path, steps=12, run_id="two-nodes", local_ckpt_grace=300)
+    env: dict = {}
     first = two_nodes(port, trainer(faults="0:9:sigkill", **flags), env, 90)
     assert all(r.returncode != 0 and not r.timed_out for r in first), [r.output[-2000:] for r in first]
     shutil.rmtree(tmp_path / "shm-node1")  # node 1 is lost with its memory; a new node takes its place
@@ -315,9 +316,9 @@ def test_a_replaced_node_restores_from_its_peers_replica(port, tmp_path):
 
 @pytest.mark.timeout(90)
 def test_a_job_killed_whole_leaves_nothing_in_memory_after_the_grace(port, tmp_path):
-    cmd = Torchrun.local(2, port).argv(trainer(steps=400, step_sleep=0.05, **local_flags(tmp_path)))
+    cmd = Torchrun.local(2, port).argv(trainer(steps=400, step_sleep=0.05, **local_flags(tmp_path, local_ckpt_grace=1)))
     proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                            env={**os.environ, "NVRX_LAB_LOCAL_GRACE_S": "1", "OMP_NUM_THREADS": "1"})
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
         assert wait_for(lambda: len(list(tmp_path.glob("shm-node0/*/rank*.json"))) >= 2, 60), "no snapshot taken"
     finally:

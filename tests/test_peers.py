@@ -35,11 +35,12 @@ def test_dcp_async_rows_reuse_a_stager_and_stay_consistent(tmp_path):
 
 def test_a_failing_row_is_an_error_with_its_output_and_exit_1(tmp_path, monkeypatch, capsys):
     from nvrx_lab.bench import checkpoint
+    from nvrx_lab.runner import RunResult
 
-    def broken(cmd, **kwargs):  # the row's process dies as a peer that cannot run here would
-        return subprocess.CompletedProcess(cmd, 1, "", "Traceback (most recent call last):\nRuntimeError: no such executor")
+    def broken(cmd, *args, **kwargs):  # the row's process dies as a peer that cannot run here would
+        return RunResult(cmd, 1, "Traceback (most recent call last):\nRuntimeError: no such executor", 0.1)
 
-    monkeypatch.setattr(checkpoint.subprocess, "run", broken)
+    monkeypatch.setattr(checkpoint, "run", broken)
     out = tmp_path / "c.json"
     assert checkpoint.main(["--sizes-mib", "4", "--methods", "dcp.async_save[thread]", "--out", str(out),
                             "--dir", str(tmp_path / "ckpt")]) == 1

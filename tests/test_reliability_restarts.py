@@ -10,9 +10,9 @@ from nvrx_lab.reliability.restarts import fault_plan, launcher_soak, long_sectio
 
 
 def test_fault_plan_is_balanced_and_seeded():
-    assert sorted(fault_plan(4, seed=0)) == ["hang", "hang", "kill", "kill"]
+    assert sorted(fault_plan(4, seed=0)) == ["hang", "hang", "sigkill", "sigkill"]
     assert fault_plan(50, seed=3) == fault_plan(50, seed=3)
-    assert fault_plan(50, seed=3).count("kill") == 25
+    assert fault_plan(50, seed=3).count("sigkill") == 25
     assert fault_plan(50, seed=3) != fault_plan(50, seed=4)
 
 

@@ -107,10 +107,10 @@ def test_an_async_checkpointer_made_inside_the_wrapped_function_recovers(tmp_pat
 def test_a_checkpointer_made_before_init_process_group_in_a_job_is_an_error(tmp_path, monkeypatch):
     from nvrx_lab.checkpoint import AsyncCheckpointer
 
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(ValueError, match=r"made before torch.distributed.init_process_group in a job of WORLD_SIZE=2"):
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-1")  # what torchrun and nvrx_lab.launcher set in every worker
+    with pytest.raises(ValueError, match=r"made before torch.distributed.init_process_group in a job a launcher started"):
         AsyncCheckpointer(tmp_path, start_writer=False)
-    monkeypatch.setenv("WORLD_SIZE", "1")  # a single process: a world of one is right
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID")  # a single process: a world of one is right
     AsyncCheckpointer(tmp_path, start_writer=False).close()
 
 

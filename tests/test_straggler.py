@@ -102,7 +102,7 @@ def test_an_attempts_first_step_is_not_timed():
 ])
 def test_bad_straggler_flags_name_the_flag(flags, match):
     with pytest.raises(ValueError, match=match):
-        check_config(TrainConfig(**flags), 1)
+        check_config(TrainConfig.from_kwargs(**flags), 1)
 
 
 def test_slow_fault_grammar():
@@ -111,9 +111,9 @@ def test_slow_fault_grammar():
     for bad in ("1:20:slow", "1:20:slow:1", "1:20:slow:fast", "1:20:slow:nan"):
         with pytest.raises(ValueError, match="RANK:STEP:slow:FACTOR"):
             parse_schedule(bad)
-    # a demo worker's own `slow` kind (a legitimate pause) takes no FACTOR and keeps its id
-    (pause,) = parse_schedule("1:0:3:slow", kinds=("kill", "slow"), phases=("step",), with_attempts=True)
-    assert (pause.factor, pause.id) == (0.0, "1:0:3:slow")
+    # a legitimate pause is a kind of its own, with its seconds, not a slow rank
+    (pause,) = parse_schedule("1:0:3:pause:4")
+    assert (pause.factor, pause.value, pause.id) == (0.0, 4.0, "1:0:3:pause:4")
 
 
 def _straggler_run(tmp_path, faults: str | None, steps: int, **flags) -> list[dict]:

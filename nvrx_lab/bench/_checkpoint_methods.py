@@ -25,6 +25,7 @@ class Method:
     def __init__(self, name: str, state: dict, root: Path):
         self.name, self.state, self.root = name, state, root
         self.last, self.older = None, None
+        self.ckpt = self.stager = None
         if name.startswith("nvrx_"):
             from nvrx_lab.checkpoint import AsyncCheckpointer
             self.ckpt = AsyncCheckpointer(root, keep_last=1).start()  # a job pays the start-up once
@@ -65,7 +66,8 @@ class Method:
             return lambda: None
         res = dcp.async_save(self.state, checkpoint_id=path, async_checkpointer_type=self.kind,
                              async_stager=self.stager, no_dist=True)
-        if hasattr(res, "staging_completion"):  # the state may change once it is staged: the loop waits that long
+        if hasattr(res, "staging_completion"):  # torch's AsyncSaveResponse (with a stager; else a Future): the state
+            # may change once it is staged, so the loop waits that long
             res.staging_completion.result()
             res = res.upload_completion
         return res.result  # the next save reuses the staging buffers: it waits for this upload first
@@ -89,9 +91,9 @@ class Method:
             dcp.load(target, checkpoint_id=self.last)
 
     def close(self) -> None:
-        if hasattr(self, "ckpt"):
+        if self.ckpt is not None:
             self.ckpt.close()
-        if hasattr(self, "stager"):
+        if self.stager is not None:
             self.stager.close()
             stop_dcp_daemon()
 
@@ -100,6 +102,7 @@ def stop_dcp_daemon() -> None:
     """End DCP's process executor's daemon (torch keeps it in a module global, with no public close), so
     it exits now and its peak RSS counts in ``RUSAGE_CHILDREN``."""
     import torch.distributed.checkpoint._async_process_executor as executor
+    # a torch private: probed, as a torch without it has no daemon to stop
     daemon, executor._CHECKPOINT_PROCESS = getattr(executor, "_CHECKPOINT_PROCESS", None), None
     if daemon is not None:
         daemon.__del__()  # sends TERMINATE, joins (SIGTERM after 5 s)

@@ -1,6 +1,7 @@
 """Which processes a benchmark run left behind: every process of a run carries ``NVRX_BENCH_TAG`` in its
 environment (children inherit it, orphans reparented to init keep it), so a scan of the machine finds
-them however they were started (a launcher's workers, standby zygotes, checkpoint writers, monitors).
+them however they were started (a launcher's workers, standby zygotes, checkpoint writers, monitors); what is left
+is killed as a lost node's processes are (:func:`nvrx_lab.eks.local.kill_tree`).
 """
 
 from __future__ import annotations
@@ -34,21 +35,6 @@ def tagged(tag: str) -> list[psutil.Process]:
     return out
 
 
-def kill_tree(root: int | psutil.Process) -> list[psutil.Process]:
-    """SIGKILL ``root`` and all its descendants at once (snapshot first, so none escapes by reparenting)."""
-    try:
-        proc = root if isinstance(root, psutil.Process) else psutil.Process(root)
-        procs = [proc, *proc.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
-    for p in procs:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    return procs
-
-
 def leftovers(tag: str, grace_s: float = 5.0) -> list[str]:
     """What of run ``tag`` is still running ``grace_s`` after it ended (each described); then killed."""
     try:
@@ -56,6 +42,8 @@ def leftovers(tag: str, grace_s: float = 5.0) -> list[str]:
         return []
     except TimeoutError:
         pass
+    from nvrx_lab.eks.local import kill_tree  # here: importing nvrx_lab.eks (kubernetes) takes seconds, paid only now
+
     found = tagged(tag)
     described = []
     for p in found:

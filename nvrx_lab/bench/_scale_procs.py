@@ -5,7 +5,7 @@ woken at once by the same key queue for one lock (a restart took 54 s at 1,024 r
 process against 2.1 s at 512, on a quiet box). Real ranks are processes, so here each of ``procs``
 clean interpreters (``python -c``, this module: never the caller's script) runs ``n / procs`` ranks
 as threads, each with its own client of the one real ``TCPStore``, through the same code as
-:func:`._scale_model.restart_rank`. The parent waits until every worker has its ranks through the
+:func:`._scale_restart.restart_rank`. The parent waits until every worker has its ranks through the
 first rendezvous, then says go through the store; the faulty rank (the last) reports its exception
 and each worker prints when its ranks had their new assignments and how many store operations they
 made. ``restart_s`` = the last assignment − the fault.
@@ -31,7 +31,8 @@ def worker(port: int, first: int, count: int, n: int, timeout: float) -> None:
     from nvrx_lab.inprocess.rank_assignment import ShiftRanks
     from nvrx_lab.inprocess.store import connect
 
-    from ._scale_model import WAIT_S, Ranks, restart_rank
+    from ._scale_model import WAIT_S, Ranks
+    from ._scale_restart import restart_rank
 
     t = time.monotonic()
     ranks, control = Ranks(count, port), connect("127.0.0.1", port, WAIT_S)

@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,6 +40,7 @@ from nvrx_lab.bench._checkpoint_methods import METHODS, Method
 from nvrx_lab.cli import Parser
 from nvrx_lab.demo.state import equal, make_state, mutate, zeros_like
 from nvrx_lab.observe.table import exit_status, median, p95, report
+from nvrx_lab.runner import LOOPBACK, run
 
 
 def _rss_mib(who=resource.RUSAGE_SELF) -> float:
@@ -52,10 +51,8 @@ def run_one(name: str, mib: float, repeats: int, root: Path) -> dict:
     """Measure one method in this process (called in a fresh subprocess)."""
     import torch.distributed as dist
 
-    from nvrx_lab.net import free_port
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(free_port()))
-    dist.init_process_group("gloo", rank=0, world_size=1)  # DCP's process executor wants a group
+    # DCP's process executor wants a group (its daemon's store listens on $MASTER_ADDR, set by main for this process)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     import torch.distributed.checkpoint as _dcp  # noqa: F401 - before the baseline: imports are no part of a save's memory
 
     import nvrx_lab.checkpoint  # noqa: F401
@@ -174,11 +171,12 @@ def main(argv: list[str] | None = None) -> int:
             root.mkdir(parents=True)
             cmd = [sys.executable, "-m", "nvrx_lab.bench.checkpoint", "--one", name, "--sizes-mib", str(mib),
                    "--repeats", str(args.repeats), "--dir", str(root)]
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-            line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
-            if proc.returncode or line is None:  # an error with its output, never a row of nan
-                tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
-                failed.append(f"{name} @ {mib:g} MiB failed (exit {proc.returncode}):\n{tail}")
+            # as many threads as this process has (runner.run's default is one), DCP's daemon on the loopback
+            res = run(cmd, timeout=1800, env={"OMP_NUM_THREADS": str(torch.get_num_threads()), "MASTER_ADDR": LOOPBACK})
+            line = next((ln for ln in res.output.splitlines() if ln.startswith("RESULT ")), None)
+            if res.returncode or line is None:  # an error with its output, never a row of nan
+                tail = "\n".join(res.output.strip().splitlines()[-15:])
+                failed.append(f"{name} @ {mib:g} MiB failed (exit {res.returncode}):\n{tail}")
                 print(failed[-1], file=sys.stderr, flush=True)
             else:
                 rows.append(json.loads(line[7:]))

@@ -24,12 +24,12 @@ from pathlib import Path
 
 from nvrx_lab.cli import Parser
 from nvrx_lab.faults import format_schedule, make_schedule
-from nvrx_lab.net import free_port_pair
+from nvrx_lab.net import free_port_pair, wait_for
 from nvrx_lab.observe.advisor import crashloop_delay
 from nvrx_lab.observe.events import EventLog, read_events
 from nvrx_lab.observe.goodput import analyze, format_report
 from nvrx_lab.observe.table import report
-from nvrx_lab.runner import Launcher, Spawn, Torchrun, Worker, head_for, run, trainer
+from nvrx_lab.runner import Launcher, RunResult, Spawn, Torchrun, Worker, head_for, run, trainer
 
 RECOVERY = ("baseline", "launcher", "inprocess", "launcher+inprocess")
 MODES = (*RECOVERY, *(f"{m}+local" for m in RECOVERY[1:]))
@@ -67,20 +67,29 @@ def run_mode(args, mode: str, faults: str, workdir: Path, label: str | None = No
     metrics = workdir / "events.jsonl"
     log = EventLog(metrics, rank=0)
     t_start = time.time()
-    restarts = 0
-    while True:
-        cmd = launch_head(args, mode, free_port_pair()).argv(train_worker(args, workdir, mode, metrics, faults))
-        res = run(cmd, timeout=args.timeout)
+    restarts, res = 0, None
+
+    def over() -> RunResult | None:
+        """Run the job once: its result once it is over (exit 0, or a failure nobody starts again), else None."""
+        nonlocal restarts, res
+        res = run(launch_head(args, mode, free_port_pair()).argv(train_worker(args, workdir, mode, metrics, faults)),
+                  timeout=args.timeout)
         if res.returncode == 0:
-            break
+            return res
         restarts += 1
-        if mode != "baseline" or restarts > args.faults + 2:
-            print(f"[{label}] failed (exit {res.returncode}):\n{res.output[-2000:]}", file=sys.stderr)
-            break
+        if mode == "baseline" and restarts <= args.faults + 2:
+            return None  # Kubernetes starts the pod again, after back_off()
+        print(f"[{label}] failed (exit {res.returncode}):\n{res.output[-2000:]}", file=sys.stderr)
+        return res
+
+    def back_off() -> float:
+        """The pause before the pod starts again (pod restart + CrashLoopBackOff), in the event stream."""
         delay = crashloop_delay(restarts, args.pod_restart_s, args.time_scale)
         log.emit("pod_restart", reason=f"job exited {res.returncode}; pod restart + CrashLoopBackOff", delay_s=delay,
                  restart_count=restarts)
-        time.sleep(delay)
+        return delay
+
+    res = wait_for(over, float("inf"), f"the {label} job to end", interval=back_off)  # each run bounded by --timeout
     events = read_events(metrics)
     t_end = time.time()
     rep = analyze(events, ideal_step_s=args.ideal_step_s, t_start=t_start, t_end=t_end)

@@ -1,6 +1,6 @@
 """``python -m nvrx_lab.bench launcher``: fault -> every rank training again, per launcher and fault kind.
 
-2 ranks on gloo run :mod:`nvrx_lab.launcher.demo_worker`; rank 1 injects one fault per attempt
+2 ranks on gloo run :mod:`nvrx_lab.demo.launcher_worker`; rank 1 injects one fault per attempt
 (SIGKILL itself, or hang without heartbeats) for ``--faults-per-kind`` attempts, then the job ends
 normally. Recovery of one fault = the later of the two ranks' first ``step`` event in the next
 attempt, minus the ``fault`` event's time (from the event stream only). Side by side in one run:
@@ -75,12 +75,12 @@ def ft_launcher() -> str:
 
 def run_one(mode: str, kind: str, faults: int, hb_timeout: float, pg_timeout: float, workdir: Path) -> dict:
     metrics = workdir / f"{mode.replace(' ', '_')}_{kind}.jsonl"
-    worker = Worker.of("nvrx_lab.launcher.demo_worker", steps=10, fault=kind, fault_step=5, fault_restarts=f"0-{faults - 1}",
+    worker = Worker.of("nvrx_lab.demo.launcher_worker", steps=10, faults=f"1:0-{faults - 1}:5:{kind}",
                        pg_timeout=pg_timeout, metrics=metrics)
     torchrun = Torchrun.c10d(2, max_restarts=faults, monitor_interval=0.1)
     if mode.startswith("nvrx_lab"):
         cmd = Launcher.local(2, max_restarts=faults, monitor_interval=0.1, heartbeat_timeout=hb_timeout,
-                             initial_heartbeat_timeout=60, metrics_file=metrics, no_standby="no-standby" in mode).argv(worker)
+                             initial_heartbeat_timeout=60, metrics_file=metrics, standby="no-standby" not in mode).argv(worker)
     elif mode.startswith("torchrun"):
         cmd = torchrun.argv(worker.with_flags(no_monitor=True))
     else:  # NVRx ft_launcher: torchrun's flags and its own; heartbeats from NVRx's client, timeouts checked as
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                 print("ft_launcher: skipped (nvidia-resiliency-ext not installed; pip install -e .[peers])")
                 skipped.append("ft_launcher")
                 continue
-            for kind in ("kill", "hang"):
+            for kind in ("sigkill", "hang"):
                 print(f"running {mode} / {kind} x{faults} ...", flush=True)
                 rows.append(run_one(mode, kind, faults, args.heartbeat_timeout, args.pg_timeout, Path(tmp)))
     hb = heartbeat_cost_us()

@@ -5,15 +5,17 @@
 
 The rendered Job (:func:`nvrx_lab.eks.render.render`, modes ``ft_launcher`` and ``ft_launcher+inprocess``:
 ``--restart launcher`` and ``--restart launcher+inprocess``) at ``--nodes 4`` is run by
-:class:`nvrx_lab.bench._job.NodeJob`: one pod = one ``python -m nvrx_lab.launcher`` agent with
+:class:`nvrx_lab.eks.local.LocalJob` (the Job controller's rules, ``podFailurePolicy`` included; every process of
+the Job tagged by :mod:`nvrx_lab.bench._procs`): one pod = one ``python -m nvrx_lab.launcher`` agent with
 ``--nproc-per-node 2`` workers of the tiny trainer, every agent meeting at completion index 0's c10d
 rendezvous endpoint, as on EKS. Faults on node ``--node`` (default 2; node 0 hosts the rendezvous store,
 and losing it fails the whole Job on EKS too):
 
 * ``hang`` — its first rank hangs (the trainer's ``--faults RANK:STEP:hang``): missed heartbeats;
 * ``sigkill`` — its second rank SIGKILLs itself (``RANK:STEP:sigkill``);
-* ``node-loss`` — its pod's agent, workers and standby zygote SIGKILLed at once at a step, then a
-  replacement pod (same completion index) started, as the Job controller does.
+* ``node-loss`` — its pod's agent, workers and standby zygote SIGKILLed at once at a step
+  (:meth:`~nvrx_lab.eks.local.LocalJob.lose_node`), then a replacement pod (same completion index) started, as the
+  Job controller does for a pod whose node is gone (``DisruptionTarget``: not counted against ``backoffLimit``).
 
 Time to training = fault (the ``fault`` event, or the kill) -> rank 0's first step after the first
 ``start``/``restart`` event that follows it (every rank takes part in a step). ``recovered`` counts faults
@@ -31,9 +33,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from nvrx_lab.bench._job import JobFailed, NodeJob
+from nvrx_lab.bench._procs import TAG_VAR, leftovers, new_tag
 from nvrx_lab.cli import Parser
-from nvrx_lab.eks import JobSpec, render
+from nvrx_lab.eks import JobSpec, LocalRun, render
+from nvrx_lab.eks.local import LocalJob, LocalOptions
+from nvrx_lab.eks.render import find
 from nvrx_lab.net import wait_for
 from nvrx_lab.observe.events import read_events
 from nvrx_lab.observe.table import median, p95, report
@@ -44,6 +48,10 @@ MODES = {"launcher": "ft_launcher", "launcher+inprocess": "ft_launcher+inprocess
 TINY = ("--seq-len", "16", "--dim", "32", "--n-layers", "1", "--n-heads", "2", "--hidden-dim", "64", "--log-every", "1")
 LOG_MARKS = ("[nvrx-lab-launch]", "RESTART", "FAULT injected")
 """Restart log lines: the launcher's, the in-process wrapper's, the fault injector's."""
+
+
+class JobFailed(RuntimeError):
+    """The Job failed (its ``backoffLimit`` or its ``podFailurePolicy``), or ended before a fault could strike."""
 
 
 def fault_steps(a) -> list[int]:
@@ -63,23 +71,56 @@ def job_spec(restart: str, kind: str, a, name: str, memory: Path) -> JobSpec:
                    local_ckpt_gib=1 if a.local_ckpt_interval else 0)
 
 
+def with_rdzv_conf(manifests: list[dict], conf: str) -> list[dict]:
+    """``manifests`` whose container script puts the c10d settings ``conf`` before its own ``--rdzv-conf`` values,
+    e.g. ``keep_alive_interval=1`` (a dead node leaves the rendezvous after 3 s, not torch's 15 s: short tests)."""
+    cont = find(manifests, "Job")[0]["spec"]["template"]["spec"]["containers"][0]
+    if not any('--rdzv-conf="' in arg for arg in [*cont.get("command", []), *cont.get("args", [])]):
+        raise ValueError("rdzv_conf: the Job's script has no --rdzv-conf (a mode without the launcher)")
+    for key in ("command", "args"):
+        if key in cont:
+            cont[key] = [arg.replace('--rdzv-conf="', f'--rdzv-conf="{conf},') for arg in cont[key]]
+    return manifests
+
+
+def over(job: LocalJob) -> bool:
+    """One pass of the Job's controller: True once every pod exited 0; :class:`JobFailed` once the Job failed."""
+    if not job.poll():
+        return False
+    if job.run.status == "Failed":
+        last = next((e.index for e in reversed(job.run.events) if e.kind == "exit"), 0)
+        raise JobFailed(f"the Job failed ({job.run.reason}): {job.run.failures} pod failures counted, backoffLimit "
+                        f"{job.backoff}\n{tail(job.run, last)}")
+    return True
+
+
+def tail(run: LocalRun, index: int, chars: int = 3000) -> str:
+    return f"--- {run.pods[index].hostname}, last attempt ---\n{run.log(index)[-chars:]}"
+
+
+def log_lines(run: LocalRun, *marks: str) -> list[str]:
+    """Lines of every pod's logs containing one of ``marks``, as ``node I attempt J: LINE``."""
+    return [f"node {pod.index} attempt {j}: {line}" for pod in run.pods for j, path in enumerate(pod.logs)
+            for line in path.read_text(errors="replace").splitlines() if any(m in line for m in marks)]
+
+
 def _steps_after(events: Path, t: float) -> list[dict]:
     return [e for e in read_events(events) if e["kind"] == "step" and e["rank"] == 0 and e["t"] > t] \
         if events.exists() else []
 
 
-def strike(job: NodeJob, events: Path, a, memory: Path) -> None:
+def strike(job: LocalJob, events: Path, a, memory: Path, deadline: float) -> None:
     """Lose node ``a.node`` (and its memory) at each fault step (once training is past it again after the previous
-    loss)."""
+    loss), all before the monotonic ``deadline``."""
     since = 0.0
     for step in fault_steps(a):
         def reached() -> bool:
-            if job.poll():
+            if over(job):
                 raise JobFailed(f"the Job ended before step {step} was reached again")  # noqa: B023
             return any(e["step"] >= step for e in _steps_after(events, since))  # noqa: B023
 
-        wait_for(reached, job.timeout_s, f"training to reach step {step}", interval=0.05)
-        since = job.lose_node(a.node, memory / f"node-{a.node}")
+        wait_for(reached, deadline - time.monotonic(), f"training to reach step {step}", interval=0.05)
+        since = job.lose_node(a.node, wipe=[memory / f"node-{a.node}"])
 
 
 def recoveries(events: list[dict], faults: list[float]) -> list[float | None]:
@@ -99,26 +140,33 @@ def run_job(restart: str, kind: str, a, workdir: Path) -> dict:
     name = "nodes"  # each Job has a folder of its own (its FSx, its metrics, its nodes' memories)
     memory = workdir / "memory"
     manifests = render(job_spec(restart, kind, a, name, memory))
+    manifests = with_rdzv_conf(manifests, a.rdzv_conf) if a.rdzv_conf else manifests
+    tag = new_tag("nodes")
+    options = LocalOptions(workdir=workdir, max_procs_per_node=a.nproc, extra_env={TAG_VAR: tag}, max_nodes=a.nodes)
     t0, error = time.monotonic(), None
-    with NodeJob(manifests, workdir, a.nproc, a.job_timeout, a.rdzv_conf) as job:
+    deadline = t0 + a.job_timeout
+    with LocalJob(manifests, options) as job:
         events = job.run.local_path(f"/fsx/{name}/metrics.jsonl")
         try:
             if kind == "node-loss":
-                strike(job, events, a, memory)
-            wait_for(job.poll, a.job_timeout, "every pod to exit 0", interval=0.1)
+                strike(job, events, a, memory, deadline)
+            wait_for(lambda: over(job), deadline - time.monotonic(), "every pod to exit 0", interval=0.1)
         except JobFailed as e:
             error = str(e)
         except TimeoutError as e:
-            error = f"{e}\n{job.tail(0)}"
-        lines = job.log_lines(*LOG_MARKS)
+            error = f"{e}\n{tail(job.run, 0)}"
+        job.close(grace_s=0)  # whatever still runs goes as a lost node does: every process of its tree at once
+        lines = log_lines(job.run, *LOG_MARKS)
+    left = leftovers(tag)
     ev = read_events(events) if events.exists() else []
-    faults = [t for _, t in job.lost] if kind == "node-loss" else [e["t"] for e in ev if e["kind"] == "fault"]
+    lost = [e.t for e in job.run.events if e.kind == "node-lost"]
+    faults = lost if kind == "node-loss" else [e["t"] for e in ev if e["kind"] == "fault"]
     resumed = [e for e in ev if e["kind"] == "resume" and faults and e["t"] > min(faults)]
-    return {"recovery": recoveries(ev, faults), "injected": len(faults), "pod_failures": job.pod_failures,
+    return {"recovery": recoveries(ev, faults), "injected": len(faults), "pod_failures": job.run.failures,
             "sources": [e.get("source") for e in resumed], "rollback": [e.get("rollback_steps") for e in resumed],
             "detect": [e["detect_s"] for e in ev if e["kind"] == "launcher_failure" and e.get("detect_s")],
             "respawn": [e["respawn_s"] for e in ev if e["kind"] == "launcher_restart" and e.get("respawn_s")],
-            "left": job.left, "error": error, "restart_log": lines, "wall_s": time.monotonic() - t0, "events": events}
+            "left": left, "error": error, "restart_log": lines, "wall_s": time.monotonic() - t0, "events": events}
 
 
 def sources(resumed: list[str | None]) -> str:

@@ -52,14 +52,14 @@ PHASES = ("detect_s", "abort_s", "health_s", "rendezvous_s")
 
 
 # -- launching ------------------------------------------------------------------------------------
-def _worker_cmd(mode: str, kind: str, faults: int, events: Path, a, ranks: int) -> list[str]:
+def _worker_cmd(mode: str, kind: str, faults: int, events: Path, a, ranks: int, attempt: int | None = None) -> list[str]:
     """The worker's flags. Its hard and heartbeat timeouts grow with the world size: on 2 cores a rank's
     restart work (the garbage collection of the health phase, the rendezvous) runs ``ranks / 2`` times
     slower, and a rank that is not training again within the hard timeout is killed (16 ranks, 5 s: killed)."""
-    return ["-m", "nvrx_lab.bench.recovery", "worker", "--mode", mode, "--kind", kind, "--faults", str(faults),
+    return ["-m", "nvrx_lab.bench.recovery", "worker", "--mode", mode, "--faults", f"1:0-{faults - 1}:3:{kind}",
             "--steps", str(a.steps), "--step-time", str(a.step_time), "--timeout", str(a.timeout),
             "--hard-timeout", str(a.timeout + 3 + ranks), "--heartbeat-timeout", str(2 + ranks / 4),
-            "--events", str(events)]
+            "--events", str(events), *(["--attempt", str(attempt)] if attempt is not None else [])]
 
 
 def run_mode(mode: str, kind: str, ranks: int, n: int, tmp: Path, a) -> dict:
@@ -83,8 +83,8 @@ def run_mode(mode: str, kind: str, ranks: int, n: int, tmp: Path, a) -> dict:
         results.append(run(torchrun.argv(_worker_cmd("plain", kind, n, events, a, ranks)), limit, env))
     elif mode == "full-restart":
         for attempt in range(n + 1):  # a fresh job (and rendezvous port) each time
-            results.append(run(Torchrun.c10d(ranks, max_restarts=0).argv(_worker_cmd("plain", kind, n, events, a, ranks)),
-                               one, {**env, "NVRX_BENCH_ATTEMPT": str(attempt)}))
+            cmd = _worker_cmd("plain", kind, n, events, a, ranks, attempt)
+            results.append(run(Torchrun.c10d(ranks, max_restarts=0).argv(cmd), one, env))
     times, injected = recovery_times(events) if events.exists() else ([], 0)
     bad = [r for r in results if r.timed_out or (mode.endswith("inprocess") and (  # spawn: a killed rank is no error
         r.returncode != 0 or (kind != "sigkill" and "was killed by" in r.output)))]

@@ -6,7 +6,8 @@
 Simulated ranks (threads, a store client each, one real ``TCPStore``) run the control-plane code
 of the real ranks — the in-process restart's store protocol (fault report, the attempt's end,
 rendezvous and rank assignment), the heartbeat judge, the checkpoint commit — with the data plane
-stubbed (see ``_scale_model.py``). Each row counts every store operation and file system metadata
+stubbed (see ``_scale_model.py``; each measurement a module: ``_scale_restart``, ``_scale_heartbeats``,
+``_scale_straggler``, ``_scale_commit``). Each row counts every store operation and file system metadata
 operation and times what a user waits for:
 
 * ``restart_s`` — one injected exception until every simulated rank has its new assignment; above
@@ -33,8 +34,12 @@ import threading
 import time
 
 from nvrx_lab.bench import _scale_legacy as legacy
-from nvrx_lab.bench._scale_model import Ranks, measure_commit, measure_heartbeats, measure_restart, measure_straggler_report
+from nvrx_lab.bench._scale_commit import measure_commit
+from nvrx_lab.bench._scale_heartbeats import measure_heartbeats
+from nvrx_lab.bench._scale_model import Ranks
 from nvrx_lab.bench._scale_procs import measure_restart_procs
+from nvrx_lab.bench._scale_restart import measure_restart
+from nvrx_lab.bench._scale_straggler import measure_straggler_report
 from nvrx_lab.cli import Parser
 from nvrx_lab.inprocess.store import host
 from nvrx_lab.net import free_port

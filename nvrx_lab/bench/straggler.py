@@ -112,15 +112,15 @@ def hook_us(calls: int = 2000, blocks: int = 15) -> tuple[float, int]:
     from torch.nn.modules import module as nn_module
 
     from nvrx_lab.straggler import ComputeTimer
-    from nvrx_lab.train.config import TrainConfig, model_config
+    from nvrx_lab.train.config import TrainConfig
     from nvrx_lab.train.model import Transformer
 
     torch.manual_seed(0)
-    cfg = TrainConfig(**{k: v for k, v in SMALL.items() if k != "log_every"})
-    model = Transformer(model_config(cfg))
+    cfg = TrainConfig.from_kwargs(**{k: v for k, v in SMALL.items() if k != "log_every"})
+    model = Transformer(cfg.model)
     count = [0]
     handle = nn_module.register_module_forward_pre_hook(lambda m, a: count.__setitem__(0, count[0] + 1))
-    model(torch.randint(0, cfg.vocab_size, (2, cfg.seq_len)))
+    model(torch.randint(0, cfg.model.vocab_size, (2, cfg.model.seq_len)))
     handle.remove()
     leaf, x, timer = torch.nn.Linear(8, 8), torch.randn(1, 8), ComputeTimer()
     best = {True: float("inf"), False: float("inf")}

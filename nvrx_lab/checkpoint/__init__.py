@@ -41,7 +41,10 @@ How it works, one module a mechanism:
   :mod:`.config` — its knobs;
 * the second half, local checkpoints: :mod:`.local` — every few steps each rank's shards in node memory,
   replicated to the next node, restored from the nearest copy; :mod:`.snapshot` — their format;
-  :mod:`.janitor` — what removes a killed job's copies; :mod:`.tiered` — both halves behind one API.
+  :mod:`.janitor` — what removes a killed job's copies;
+* what a caller needs: :mod:`.contracts` (``Stateful``, ``LiveStateful``, ``IOHooks``, ``Checkpointer``) and
+  :mod:`.manager` (``CheckpointManager``: the intervals and both tiers behind ``Checkpointer``, configured by
+  one ``CheckpointConfig``, the trainer's ``--ckpt*`` flags).
 
 How DCP's collectives are split. ``dcp.save`` gathers plans, writes, then gathers write results for
 the coordinator's ``.metadata``. Here the trainer runs the planning collectively inside
@@ -59,11 +62,15 @@ by step.
 from .checkpointer import AsyncCheckpointer
 from .commit import KeepLast, committed_steps, step_dir
 from .config import CheckpointerConfig
+from .contracts import NO_HOOKS, Checkpointer, IOHooks, LiveStateful, Stateful
 from .errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError, CheckpointWriteError, CheckpointWriterDied
 from .integrity import verify
+from .loading import Restored
+from .manager import CheckpointConfig, CheckpointManager, Placement
 from .priority import WriterPriority
 from .throttle import Throttle
 
-__all__ = ["AsyncCheckpointer", "CheckpointerConfig", "KeepLast", "committed_steps", "step_dir", "verify",
+__all__ = ["AsyncCheckpointer", "CheckpointerConfig", "CheckpointConfig", "CheckpointManager", "Placement", "Checkpointer",
+           "IOHooks", "LiveStateful", "NO_HOOKS", "Restored", "Stateful", "KeepLast", "committed_steps", "step_dir", "verify",
            "Throttle", "CheckpointError", "CheckpointWriteError", "CheckpointWriterDied", "CheckpointCorruptError",
            "CheckpointNotFoundError", "WriterPriority"]

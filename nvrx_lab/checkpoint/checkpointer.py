@@ -51,11 +51,15 @@ log = logging.getLogger(__name__)
 class AsyncCheckpointer:
     """Asynchronous DCP checkpoints with a persistent writer process per rank (see module docs)."""
 
-    def __init__(self, directory, keep_last: int = 3, write_bandwidth: float | None = None,
-                 process_group=None, emit: Callable | None = None, **more):
-        self.config = CheckpointerConfig(str(directory), keep_last, write_bandwidth, **more)
-        self.root = Path(directory)
-        self.retention = cm.KeepLast(keep_last)
+    def __init__(self, directory=None, keep_last: int = 3, write_bandwidth: float | None = None,
+                 process_group=None, emit: Callable | None = None, *, config: CheckpointerConfig | None = None, **more):
+        """Either the knobs one by one (``directory``, ``keep_last``, ... and :class:`CheckpointerConfig`'s other
+        fields as keywords), or a whole ``config``."""
+        self.config = config or CheckpointerConfig(str(directory or ""), keep_last, write_bandwidth or 0.0, **more)
+        if not self.config.directory:
+            raise ValueError("AsyncCheckpointer needs a directory (the folder of the checkpoints, shared by all ranks)")
+        self.root = Path(self.config.directory)
+        self.retention = cm.KeepLast(self.config.keep_last)
         self.emit = emit or (lambda kind, **fields: None)
         self._errors: list[CheckpointError] = []
         self._pending = PendingSaves(self.root, self.retention, self._report, self.emit,

@@ -12,8 +12,8 @@ the lock within the grace period keeps the folder. It exits at once when the fol
 exit removed it).
 
 The users' side: :func:`hold` (take the folder's lock) and :func:`start` (one janitor per folder), called
-by :class:`~.local.LocalCheckpointer`. :func:`start` runs this file as a plain script (no package import:
-it only needs the standard library)::
+by :class:`~.local.LocalCheckpointer`. :func:`start` runs this file as a plain script: never the checkpoint package (and
+torch), only the standard library and :func:`nvrx_lab.net.wait_for` (standard library itself)::
 
     python -I janitor.py DIR GRACE_S
 """
@@ -106,18 +106,28 @@ def start(folder: str, grace_s: float) -> None:
 
 
 def main(folder: str, grace_s: float) -> int:
+    """Wait, without a deadline, until ``folder`` is gone or has been unheld for ``grace_s`` s in a row (then remove it)."""
+    from nvrx_lab.net import wait_for  # stdlib only: the checkpoint package (and torch) is never imported here
+
     alive = os.path.join(folder, ALIVE)
-    free_since = None
-    while os.path.isdir(folder):
+    free_since: float | None = None
+
+    def finished() -> bool:
+        nonlocal free_since
+        if not os.path.isdir(folder):
+            return True
         if not unheld(alive):
             free_since = None
         elif free_since is None:
             free_since = time.monotonic()
         elif time.monotonic() - free_since >= grace_s and remove_if_unheld(folder):
-            return 0
-        time.sleep(POLL_S)
+            return True
+        return False
+
+    wait_for(finished, float("inf"), f"{folder} unheld for {grace_s} s", interval=POLL_S)
     return 0
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # a plain script (python -I): the package's parent on the path, for nvrx_lab.net alone
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     sys.exit(main(sys.argv[1], float(sys.argv[2])))

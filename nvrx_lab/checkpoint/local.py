@@ -44,6 +44,7 @@ import torch.distributed as dist
 
 from . import janitor
 from . import snapshot as snap
+from .contracts import LiveStateful
 from .loading import Restored
 from .planning import all_gather
 from .replication import Replication
@@ -51,30 +52,35 @@ from .staging import StagingBuffer, open_region
 
 FETCH = 7303
 """Tag of a copy sent to a rank that lacks the agreed step (a replaced node), from the peer holding it."""
-GRACE_S = float(os.environ.get("NVRX_LAB_LOCAL_GRACE_S", 120))
+GRACE_S = 120.0
+"""Seconds the node's janitor keeps a killed job's copies once no process holds them (``--local-ckpt-grace``)."""
 
 
 class LocalCheckpointer:
     """Snapshots of one rank in node-local memory, replicated to the next node (see the module docs)."""
 
     def __init__(self, directory, run: str, rank: int = 0, world: int = 1, local_world: int = 1, group=None,
-                 emit=None):
+                 emit=None, grace_s: float = GRACE_S):
         self.dir = Path(directory)
         self.run, self.local_world = run, max(1, local_world)
         self.emit = emit or (lambda kind, **fields: None)
         self._alive = janitor.hold(str(self.dir))
-        janitor.start(str(self.dir), GRACE_S)
+        janitor.start(str(self.dir), grace_s)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="nvrx-local", initializer=background_priority)
         self._job = None  # (slot, future) of the newest save's background commit
         self.reached = 0
+        self.rank = self.world = None  # bound below
+        self._slots: list[StagingBuffer] = []
+        self._replicas: list[StagingBuffer] = []
+        self._replication: Replication | None = None
         self.bind(group, rank, world)
 
     # ------------------------------------------------------------------ saving
     def bind(self, group, rank: int, world: int) -> None:
         """Use ``group`` (a new one after an in-process restart; ranks may have moved)."""
         self._drop_round()
-        same = (getattr(self, "rank", None), getattr(self, "world", None)) == (rank, world)
-        if hasattr(self, "_slots") and not same:  # ranks moved: the copies describe another world
+        same = (self.rank, self.world) == (rank, world)
+        if self._slots and not same:  # ranks moved: the copies describe another world
             self._release(remove=True)
         self.group, self.rank, self.world = group, rank, world
         self.peer = (rank + self.local_world) % world if world > self.local_world else None
@@ -115,7 +121,7 @@ class LocalCheckpointer:
             slot, future = self._job
             self._job = None
             self._committed[slot] = future.result()
-        if hasattr(self, "_replication"):
+        if self._replication is not None:
             self._replication.finish()
 
     def _describe_replica(self, slot: int, step: int, length: int, meta_at: int, meta_len: int) -> dict:
@@ -124,7 +130,7 @@ class LocalCheckpointer:
 
     def _drop_round(self) -> None:
         """An aborted attempt's messages: their group is gone; the replica they were filling is invalid."""
-        if hasattr(self, "_replication"):
+        if self._replication is not None:
             self._replication.drop()
         if self._job is not None:
             slot, future = self._job
@@ -151,7 +157,7 @@ class LocalCheckpointer:
         if step is None or (storage_step is not None and step < storage_step):
             return None
         source, region, manifest = self._gather_copy(table, step, own, replica)
-        live = hasattr(state, "local_state_dict")  # the snapshot was taken from it (see ``save``)
+        live = isinstance(state, LiveStateful)  # the snapshot was taken from its live tensors (see ``save``)
         state_dict = state.local_state_dict() if live else state.state_dict()
         try:
             fitted, why = snap.fitting(state_dict, region, manifest), None

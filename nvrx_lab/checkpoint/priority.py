@@ -20,7 +20,7 @@ trainer's own core: 2.5 ms of the save's blocking time here (0.4 ms under ``SCHE
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 POLICIES = {"normal": os.SCHED_OTHER, "batch": os.SCHED_BATCH, "idle": os.SCHED_IDLE}
 IONICE_CLASSES = ("none", "idle", "best-effort:0", "best-effort:1", "best-effort:2", "best-effort:3", "best-effort:4",
@@ -29,30 +29,39 @@ IONICE_CLASSES = ("none", "idle", "best-effort:0", "best-effort:1", "best-effort
 
 @dataclass(frozen=True)
 class WriterPriority:
-    """How the writer process yields to training (applied by the writer itself, at start)."""
+    """How the writer process yields to training (applied by the writer itself, at start); the trainer's
+    ``--ckpt-writer-*`` flags, whose names the errors use."""
 
     nice: int = 0
-    """Added to the trainer's niceness (0 = the same CPU priority; 10 yields; 19 = the lowest)."""
+    """Niceness the writer process adds to the trainer's, 0..19 (0 = training's CPU priority; 10 yields the cores to
+    the ranks)."""
     ionice: str = "none"
-    """I/O class: ``best-effort:0`` … ``best-effort:7`` (7 lowest), ``idle`` (only when no one else
-    reads or writes: a busy data loader can starve it), or ``none`` (inherit)."""
-    cpus: tuple[int, ...] = ()
-    """Cores the writer runs on (empty = the trainer's)."""
+    """The writer's I/O class: best-effort:0 .. best-effort:7 (lowest), idle (only when no one else reads or writes:
+    a busy data loader can starve it), or none (inherit)."""
+    cpus: tuple[int, ...] = field(default=(), metadata={"parse": str})
+    """Cores the writer runs on, e.g. 90,91 (empty = the trainer's)."""
     policy: str = "batch"
-    """Linux scheduling policy: ``batch`` (the same CPU share, but its wake-ups never preempt a rank),
-    ``normal`` (the trainer's), or ``idle`` (only what no one else wants: a busy node can starve it)."""
+    """The writer's scheduling policy: batch (the same CPU share, but its wake-ups never preempt a rank), normal (the
+    trainer's), or idle (only what no one else wants: a busy node can starve it)."""
 
     def __post_init__(self):
         if isinstance(self.nice, bool) or not isinstance(self.nice, int) or not 0 <= self.nice <= 19:
-            raise ValueError(f"writer-nice must be an int in 0..19 (added to the trainer's), got {self.nice!r}")
+            raise ValueError(f"--ckpt-writer-nice must be an int in 0..19 (added to the trainer's), got {self.nice!r}")
         if self.ionice not in IONICE_CLASSES:
-            raise ValueError(f"writer-ionice must be one of {', '.join(IONICE_CLASSES)}; got {self.ionice!r}")
-        cpus = tuple(self.cpus)
+            raise ValueError(f"--ckpt-writer-ionice must be one of {', '.join(IONICE_CLASSES)}; got {self.ionice!r}")
+        cpus = self.cpus
+        if isinstance(cpus, str):  # a flag's or a YAML file's "90,91"
+            try:
+                cpus = tuple(int(c) for c in cpus.split(",") if c.strip())
+            except ValueError:
+                raise ValueError(f"--ckpt-writer-cpus must be comma-separated core numbers such as 90,91; got "
+                                 f"{self.cpus!r}") from None
+        cpus = tuple(cpus)
         if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in cpus):
-            raise ValueError(f"writer-cpus must be core numbers >= 0, got {self.cpus!r}")
+            raise ValueError(f"--ckpt-writer-cpus must be core numbers >= 0, got {self.cpus!r}")
         object.__setattr__(self, "cpus", cpus)
         if self.policy not in POLICIES:
-            raise ValueError(f"writer-policy must be one of {', '.join(POLICIES)}; got {self.policy!r}")
+            raise ValueError(f"--ckpt-writer-policy must be one of {', '.join(POLICIES)}; got {self.policy!r}")
 
     def apply(self) -> list[str]:
         """Lower this process's priority; returns what could not be applied (and why), never raises."""

@@ -43,7 +43,6 @@ import threading
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from pathlib import Path
 
 from nvrx_lab import liveness
 from nvrx_lab.net import wait_for
@@ -52,7 +51,6 @@ from .priority import WriterPriority
 from .writer_main import ForkedWriter, can_fork, command
 
 log = logging.getLogger(__name__)
-PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 
 
 class WriterProcess:
@@ -75,11 +73,9 @@ class WriterProcess:
             if self.forked:
                 self.process = ForkedWriter(theirs.fileno(), death_r, self._stderr.fileno(), priority)
             else:
-                env = {**os.environ,
-                       "PYTHONPATH": os.pathsep.join(filter(None, [PACKAGE_PARENT, os.environ.get("PYTHONPATH")]))}
                 self.process = subprocess.Popen(
                     command(theirs.fileno(), death_r, priority), pass_fds=(theirs.fileno(), death_r),
-                    stdin=subprocess.DEVNULL, stdout=self._stderr, stderr=self._stderr, env=env)
+                    stdin=subprocess.DEVNULL, stdout=self._stderr, stderr=self._stderr)
         finally:
             theirs.close()
             os.close(death_r)

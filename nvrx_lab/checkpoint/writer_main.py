@@ -91,9 +91,14 @@ def writer_main(conn_fd: int, death_fd: int, **priority) -> None:
         mm.close()
 
 
+PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
+"""Where this copy of ``nvrx_lab`` lives: the clean interpreter imports the same one (an uninstalled checkout too)."""
+
+
 def command(conn_fd: int, death_fd: int, priority: WriterPriority) -> list[str]:
     """A clean interpreter running :func:`writer_main` (never the trainer's ``__main__``)."""
-    return [sys.executable, "-c", "from nvrx_lab.checkpoint.writer_main import writer_main; "
+    return [sys.executable, "-c", f"import sys; sys.path.insert(0, {PACKAGE_PARENT!r}); "
+            "from nvrx_lab.checkpoint.writer_main import writer_main; "
             f"writer_main({conn_fd}, {death_fd}, {priority.as_args()})"]
 
 

@@ -22,7 +22,7 @@ import yaml
 from nvrx_lab.eks.auth import EksError
 from nvrx_lab.eks.modes import MODES
 from nvrx_lab.eks.spec import JobSpec
-from nvrx_lab.eks.submit import delete, submit
+from nvrx_lab.eks.submit import Access, delete, submit
 from nvrx_lab.eks.validate import ManifestError, validate
 from nvrx_lab.eks.yamlio import EXAMPLE, manifest_files, write_files
 
@@ -158,14 +158,15 @@ def _run(args: argparse.Namespace) -> int:
         spec = JobSpec(name=args.name, image=args.image, nodes=args.nodes, mode=args.mode, namespace=args.namespace,
                        instance_type=args.instance_type, steps=args.steps, ckpt_interval=args.ckpt_interval,
                        faults=args.faults, fsx_claim=args.fsx_claim, queue_name=args.queue_name)
-        res = submit(spec, args.cluster, args.region, dry_run=not args.no_dry_run, api_server=args.api_server,
-                     replace=args.replace)
+        res = submit(spec, args.cluster, args.region, dry_run=not args.no_dry_run, replace=args.replace,
+                     access=Access(api_server=args.api_server))
         print("\n".join(res.actions) or f"dry run: {len(res.manifests)} objects valid (pass --no-dry-run to submit)")
         print(f"status: {res.status}; goodput: {res.goodput}")
         return 0 if res.status in ("dry-run", "submitted", "Succeeded") else 1
     else:
         spec = JobSpec(name=args.name, image="unused", namespace=args.namespace)
-        print("\n".join(delete(spec, args.cluster, args.region, api_server=args.api_server)) or "nothing to delete")
+        print("\n".join(delete(spec, args.cluster, args.region, access=Access(api_server=args.api_server)))
+              or "nothing to delete")
     return 0
 
 

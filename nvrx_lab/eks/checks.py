@@ -164,18 +164,19 @@ def _check_faults(s: JobSpec, world: int) -> None:
 
 
 def _check_launcher(s: JobSpec) -> None:
-    """Restarts, heartbeats and section timeouts of the launcher, and the Job's own limits."""
-    if s.max_restarts < 0:
-        _fail("max_restarts", f"must be >= 0, got {s.max_restarts}")
-    for f in ("heartbeat_timeout", "initial_heartbeat_timeout", "monitor_interval"):
-        if not getattr(s, f) > 0:
-            _fail(f, f"must be > 0 seconds, got {getattr(s, f)}")
-    if s.monitor_interval >= s.heartbeat_timeout:
-        _fail("monitor_interval", f"{s.monitor_interval} s must be shorter than heartbeat_timeout ({s.heartbeat_timeout} s)")
-    for name, seconds in s.section_timeouts.items():
-        if not SECTION.match(name) or not float(seconds) > 0:
-            _fail("section_timeouts", f"{name!r}: {seconds!r}; allowed: lower-case section names with seconds > 0")
-    longest = max(map(float, s.section_timeouts.values()), default=0.0)
+    """What a pod asks more of the launcher's settings than the launcher does (which checks each value itself), and
+    the Job's own limits."""
+    c = s.launcher
+    if c.monitor_interval >= c.heartbeat_timeout:
+        _fail("launcher.monitor_interval", f"{c.monitor_interval:g} s must be shorter than heartbeat_timeout "
+                                           f"({c.heartbeat_timeout:g} s)")
+    for name, seconds in c.section_timeouts.items():
+        if not SECTION.match(name):
+            _fail("launcher.section_timeouts", f"{name!r}: {seconds!r}; allowed: lower-case section names")
+    if c.metrics_file is not None:
+        _fail("launcher.metrics_file", f"{c.metrics_file!r}; allowed: None (restart events join the run's "
+                                       "<mount_path>/<name>/metrics.jsonl)")
+    longest = max(c.section_timeouts.values(), default=0.0)
     if s.mode_info.uses_launcher and s.pg_timeout < longest:
         _fail("pg_timeout", f"{s.pg_timeout:g} s is shorter than the longest section timeout ({longest:g} s): a "
                             "collective would time out while the launcher still waits; allowed: >= the section timeouts")

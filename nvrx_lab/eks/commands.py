@@ -24,17 +24,22 @@ retry their connection until rank 0's pod is up, for 2 nodes or 128. A local run
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import shlex
 from dataclasses import dataclass
 from typing import ClassVar
 
+from nvrx_lab.cli import field_docs
 from nvrx_lab.eks.spec import JobSpec
-from nvrx_lab.runner import Launcher, Torchrun, Worker
+from nvrx_lab.runner import Launcher, LauncherConfig, Torchrun, Worker
 
 CONFIG_DIR = "/etc/nvrx_lab"
 CONFIG_FILE = "launcher.yaml"
 NVME_DIR = "/local-ckpt"
 """Where a pod mounts its disk-backed emptyDir for local checkpoints (``JobSpec.local_ckpt_on_nvme``)."""
+COMMAND_LINE = ("max_restarts", "monitor_interval")
+"""The launcher settings on the pod's command line (torchrun's own flags); the others are in the ConfigMap."""
 
 
 @dataclass(frozen=True)
@@ -68,10 +73,10 @@ def launch_head(s: JobSpec) -> PodTorchrun | Launcher:
         return PodTorchrun(**common, node_rank="${JOB_COMPLETION_INDEX}", master_addr="${RANK0_HOST}",
                            master_port="${MASTER_PORT}", rdzv_conf=f"timeout={s.rdzv_join_timeout}", max_restarts=0)
     conf = f"is_host=${{IS_RDZV_HOST}},join_timeout={s.rdzv_join_timeout},read_timeout={s.rdzv_read_timeout}"
+    on_line = {name: getattr(s.launcher, name) for name in COMMAND_LINE}
     return Launcher(**common, rdzv_backend="c10d", rdzv_endpoint="${RANK0_HOST}:${RDZV_PORT}", rdzv_id=s.name,
                     rdzv_conf=conf, local_addr="${NODE_ADDR}",
-                    max_restarts=s.max_restarts, monitor_interval=f"{s.monitor_interval:g}",
-                    metrics_file="${RUN_DIR}/metrics.jsonl", config="${LAUNCHER_CONFIG}")
+                    settings=LauncherConfig(**on_line, metrics_file="${RUN_DIR}/metrics.jsonl"), config="${LAUNCHER_CONFIG}")
 
 
 def train_worker(s: JobSpec) -> Worker:
@@ -142,21 +147,29 @@ def trainer_flags(s: JobSpec) -> list[Flag]:
 
 
 def launcher_config(s: JobSpec) -> str:
-    """The launcher's YAML config file (keys = its flags' names), one comment per key."""
-    m = s.mode_info
+    """The launcher's YAML config file (keys = its flags' names), one comment per key: the settings of
+    ``s.launcher`` that are not on the command line (:data:`COMMAND_LINE`), the four below always, any other where
+    it differs from the launcher's default (its docstring as the comment)."""
+    c = s.launcher
     lines = [
         "# nvrx_lab.launcher config: keys are the flags' names (--heartbeat-timeout -> heartbeat_timeout).",
         "# Seconds without a heartbeat, once a rank has sent its first one, before it counts as hung.",
-        f"heartbeat_timeout: {s.heartbeat_timeout:g}",
+        f"heartbeat_timeout: {c.flag_text('heartbeat_timeout')}",
         "# Seconds until the first heartbeat: imports, model build and checkpoint load from FSx.",
-        f"initial_heartbeat_timeout: {s.initial_heartbeat_timeout:g}",
+        f"initial_heartbeat_timeout: {c.flag_text('initial_heartbeat_timeout')}",
         "# Per-section timeouts: a long save inside 'checkpoint' is not mistaken for a hang.",
-        "section_timeouts: " + (",".join(f"{k}={v:g}" for k, v in s.section_timeouts.items()) or "''"),
+        "section_timeouts: " + (c.flag_text("section_timeouts") or "''"),
         "# " + {"any-failed": "any-failed: restart the whole group when any rank fails.",
                 "min-healthy": "min-healthy: exceptions stay in-process; restart only when a rank died or hung.",
-                }[m.restart_policy],
-        f"restart_policy: {m.restart_policy}",
+                }[c.restart_policy],
+        f"restart_policy: {c.restart_policy}",
     ]
+    written = {"heartbeat_timeout", "initial_heartbeat_timeout", "section_timeouts", "restart_policy", *COMMAND_LINE}
+    default, docs = LauncherConfig(), field_docs(LauncherConfig)
+    for f in dataclasses.fields(c):
+        value = getattr(c, f.name)
+        if f.name not in written and value != getattr(default, f.name):
+            lines += [f"# {docs[f.name]}", f"{f.name}: {json.dumps(value)}"]  # JSON is YAML
     return "\n".join(lines) + "\n"
 
 

@@ -2,11 +2,12 @@
 
 A JobSet's pods are those of the Indexed Job its controller creates (:func:`~nvrx_lab.eks.jobset.child_job`).
 
-Each completion index becomes one :class:`LocalPod`: the container's ``command``/``args`` (with
+Each completion index becomes one :class:`~nvrx_lab.eks.local_pods.LocalPod`: the container's ``command``/``args`` (with
 ``args`` alone, as rendered, the image's entrypoint is skipped: a laptop needs no CUDA compat set-up)
-and the environment Kubernetes would give it: the manifest's variables (``$(VAR)`` expanded), the
-downward API (``JOB_COMPLETION_INDEX`` from the index annotation, pod name, namespace, IPs),
-``HOSTNAME=<job>-<i>``, and Secrets only if passed in ``secrets``. What a laptop does not have is
+and the environment Kubernetes would give it: what the image sets (never this machine's variables, unless
+passed in ``host_env``), the manifest's variables (``$(VAR)`` expanded), the downward API
+(``JOB_COMPLETION_INDEX`` from the index annotation, pod name, namespace, IPs), ``HOSTNAME=<job>-<i>``, and
+Secrets only if passed in ``secrets``. What a laptop does not have is
 mapped, and only that, one whole value at a time (never inside a string):
 
 * a variable naming a pod ``<job>-<i>.<service>[.<ns>[.svc[.cluster.local]]]`` -> ``127.0.0.1``;
@@ -24,66 +25,23 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 import uuid
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from nvrx_lab.eks.jobset import child_job
+from nvrx_lab.eks.local_pods import LocalPod, LocalRun, under_mount
 from nvrx_lab.net import free_port_pair
 from nvrx_lab.runner import LOOPBACK
 
 SECRETISH = re.compile(r"^AWS_|TOKEN|SECRET|PASSWORD|CREDENTIAL", re.I)
+IMAGE_ENV = {"PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+"""What the image sets besides PATH (``manifests/Dockerfile``'s ``ENV``)."""
+CONTAINER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+"""A container's PATH (Docker's default), under the ``python`` of this interpreter."""
 INDEX_KEY = "batch.kubernetes.io/job-completion-index"
-
-
-@dataclass
-class LocalPod:
-    index: int
-    """Completion index = node rank."""
-    hostname: str
-    """``<job>-<index>``, as the Indexed Job names the pod's host."""
-    argv: list[str]
-    """The container's command + args after mapping."""
-    env: dict[str, str]
-    """The container's environment after mapping (host variables underneath)."""
-    logs: list[Path] = field(default_factory=list)
-    """One log file per attempt."""
-    returncodes: list[int] = field(default_factory=list)
-    """Exit code of each attempt."""
-    proc: subprocess.Popen | None = None
-
-
-@dataclass
-class LocalRun:
-    pods: list[LocalPod]
-    workdir: Path
-    mounts: dict[str, Path]
-    """Mount path in the pod -> local directory."""
-    ports: dict[int, int]
-    """Service port -> local port."""
-    status: str = "pending"
-    """Succeeded, Failed (backoffLimit, a FailJob rule, or a JobSet out of restarts or failed by a rule) or timeout."""
-    failures: int = 0
-    """Pod failures counted against ``backoffLimit`` (what ``podFailurePolicy`` neither ignores nor turns into FailJob)."""
-    group_restarts: int = 0
-    """JobSet only: times every pod was recreated after its child Job failed (``failurePolicy.maxRestarts``)."""
-    wall_s: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "Succeeded"
-
-    def local_path(self, pod_path: str) -> Path:
-        """Where a path inside the pod (e.g. ``/fsx/job/metrics.jsonl``) lives on this machine."""
-        local = _local_path(self.mounts, pod_path)
-        if local is None:
-            raise ValueError(f"{pod_path!r} is not under any volume mount ({', '.join(self.mounts)})")
-        return local
-
-    def log(self, index: int = 0, attempt: int = -1) -> str:
-        return self.pods[index].logs[attempt].read_text(errors="replace") if self.pods[index].logs else ""
 
 
 def _one(manifests: list[dict], kind: str) -> dict:
@@ -133,17 +91,9 @@ class _Job:
     gpus: int
     nproc: int
     configmaps: dict[str, dict]
-    secrets: dict[tuple[str, str], str]
+    secrets: Mapping[tuple[str, str], str]
     hosts: frozenset[str]
     """The pods' DNS names (``<job>-<i>.<service>[.<ns>[.svc[.cluster.local]]]``), all ``127.0.0.1`` here."""
-
-
-def _local_path(mounts: dict[str, Path], pod_path: str) -> Path | None:
-    """Where ``pod_path`` lives on this machine: under the longest volume mount that holds it."""
-    for mount, local in sorted(mounts.items(), key=lambda kv: -len(kv[0])):
-        if pod_path == mount or pod_path.startswith(mount.rstrip("/") + "/"):
-            return local / pod_path[len(mount):].lstrip("/")
-    return None
 
 
 def _local_ports(manifests: list[dict], service: str, cont: dict) -> dict[int, int]:
@@ -187,16 +137,21 @@ def _pod_mounts(cont: dict, shared: dict[str, Path], workdir: Path, index: int) 
     return mounts
 
 
-def _base_env(workdir: Path) -> dict[str, str]:
-    """This machine's environment without its secrets, ``python`` on PATH, no GPUs, one OpenMP thread."""
+def _base_env(workdir: Path, host_env: Mapping[str, str]) -> dict[str, str]:
+    """What a pod starts with under its manifest's variables, as a container starts with its image's: ``python``
+    (this interpreter, for the image's venv) first on PATH, the package on PYTHONPATH, a home of its own, unbuffered
+    logs, no GPUs, one OpenMP thread. Of this machine's variables only ``host_env`` (without its secrets): a pod gets
+    none of its node's, so none of this machine's secrets can reach it."""
     shim = workdir / "bin"
     shim.mkdir(parents=True, exist_ok=True)
     for exe in ("python", "python3"):  # a script, not a symlink: a venv's python finds its venv by its own path
         (shim / exe).write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
         (shim / exe).chmod(0o755)
-    base = {k: v for k, v in os.environ.items() if not SECRETISH.search(k)}
+    home = workdir / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    base = {"HOME": str(home), **{k: v for k, v in host_env.items() if not SECRETISH.search(k)}, **IMAGE_ENV}
     pkg_root = str(Path(__file__).resolve().parents[2])
-    base.update(PATH=f"{shim}{os.pathsep}{base.get('PATH', '')}", CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1",
+    base.update(PATH=f"{shim}{os.pathsep}{base.get('PATH', CONTAINER_PATH)}", CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1",
                 PYTHONPATH=os.pathsep.join(filter(None, [pkg_root, base.get("PYTHONPATH")])))
     return base
 
@@ -234,7 +189,7 @@ def _local_value(name: str, value: str, job: _Job, mounts: dict[str, Path]) -> s
         return str(job.nproc)
     if value in job.hosts:
         return LOOPBACK
-    local = _local_path(mounts, value)
+    local = under_mount(mounts, value)
     return value if local is None else str(local)
 
 
@@ -252,8 +207,11 @@ def _argv(manifests: list[dict], job: _Job, pod_env: dict[str, str], mounts: dic
 
 
 def plan(manifests: list[dict], workdir: str | Path, max_procs_per_node: int = 1,
-         secrets: dict[tuple[str, str], str] | None = None, extra_env: dict[str, str] | None = None) -> LocalRun:
-    """The processes :func:`local_run` would start, with their argv and env; starts nothing."""
+         secrets: Mapping[tuple[str, str], str] | None = None, extra_env: Mapping[str, str] | None = None,
+         host_env: Mapping[str, str] | None = None) -> LocalRun:
+    """The processes :func:`~nvrx_lab.eks.local.local_run` would start, with their argv and env; starts nothing.
+    ``host_env``: this machine's variables every pod starts with, under the image's and the manifest's (none by
+    default; secrets are dropped)."""
     manifest, _ = workload(manifests)
     workdir = Path(workdir)
     name, ns = manifest["metadata"]["name"], manifest["metadata"].get("namespace", "default")
@@ -268,7 +226,7 @@ def plan(manifests: list[dict], workdir: str | Path, max_procs_per_node: int = 1
     job = _Job(name, ns, nodes, cont, _local_ports(manifests, service, cont), gpus, max(1, min(gpus, max_procs_per_node)),
                configmaps, secrets or {}, hosts)
     shared = _shared_mounts(pspec, cont, configmaps, workdir)
-    base = _base_env(workdir)
+    base = _base_env(workdir, host_env or {})
     pods = []
     for i in range(nodes):
         mounts = _pod_mounts(cont, shared, workdir, i)
@@ -285,4 +243,4 @@ def plan(manifests: list[dict], workdir: str | Path, max_procs_per_node: int = 1
     return LocalRun(pods, workdir, _pod_mounts(cont, shared, workdir, 0), job.ports)
 
 
-__all__ = ["LocalPod", "LocalRun", "plan"]
+__all__ = ["plan", "workload"]

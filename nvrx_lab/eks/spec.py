@@ -5,16 +5,49 @@ that names the field and what would be allowed (``JobSpec.nodes: must be >= 1, g
 describe a p5.48xlarge job using the whole node; only ``name`` and ``image`` are required::
 
     JobSpec(name="llama-ft", image="123456789012.dkr.ecr.us-west-2.amazonaws.com/nvrx-lab:0.1", nodes=16)
+
+The launcher's settings are the launcher's own :class:`~nvrx_lab.launcher.config.LauncherConfig`
+(``JobSpec(..., launcher=pod_launcher(heartbeat_timeout=60))``), not fields of their own here.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 
 from nvrx_lab.eks.checks import check
 from nvrx_lab.eks.instances import InstanceType, instance_type, pod_resources
-from nvrx_lab.eks.modes import Mode, mode
+from nvrx_lab.eks.modes import MODES, Mode, mode
+from nvrx_lab.runner import LauncherConfig
+
+POD_LAUNCHER = dict(max_restarts=10, monitor_interval=1.0, heartbeat_timeout=300.0, initial_heartbeat_timeout=900.0,
+                    section_timeouts={"checkpoint": 600.0})
+"""Where a pod's launcher differs from the launcher's own defaults. ``max_restarts``: group restarts on one node
+before its launcher gives up (and closes the rendezvous, which fails every pod: see ``backoff_limit``);
+``monitor_interval``: seconds between checks of worker exits and heartbeats; ``heartbeat_timeout``: seconds
+without a heartbeat, after the first, before a rank counts as hung; ``initial_heartbeat_timeout``: until the
+first heartbeat (imports, model build, checkpoint load from FSx); ``section_timeouts``: a long save inside
+``checkpoint`` is not a hang."""
+
+
+def pod_launcher(**settings) -> LauncherConfig:
+    """The launcher's settings for a pod: :data:`POD_LAUNCHER` over the launcher's defaults, then ``settings``."""
+    return LauncherConfig.from_kwargs(**(POD_LAUNCHER | settings))
+
+
+def _launcher(config: LauncherConfig, mode_name: str, changes: dict) -> LauncherConfig:
+    """``config`` with ``changes`` (the shorthand fields) and the restart policy of the mode; a new object (a spec
+    made by ``dataclasses.replace`` shares its original's)."""
+    if not isinstance(config, LauncherConfig):
+        raise ValueError(f"JobSpec.launcher: expected a LauncherConfig (e.g. pod_launcher(heartbeat_timeout=60)), "
+                         f"got {type(config).__name__}")
+    if mode_name in MODES and MODES[mode_name].uses_launcher:
+        changes["restart_policy"] = MODES[mode_name].restart_policy
+    try:
+        return dataclasses.replace(config, **changes)
+    except ValueError as e:  # "LauncherConfig.<field>: <problem>"
+        raise ValueError(f"JobSpec.launcher.{str(e).removeprefix('LauncherConfig.')}") from None
 
 
 @dataclass
@@ -100,17 +133,18 @@ class JobSpec:
     rdzv_read_timeout: int = 600
     """Launcher modes: the c10d store client's ``read_timeout`` (torch's default 60 s): how long a pod keeps dialling
     index 0's store before it is up, and how long a store call waits on a host that vanished."""
-    max_restarts: int = 10
-    """Launcher ``--max-restarts``: restarts of the worker group after a failure on this node before its launcher
-    gives up (and closes the rendezvous, which fails every pod: see ``backoff_limit``)."""
-    heartbeat_timeout: float = 300.0
-    """Launcher: seconds without a heartbeat before a rank counts as hung (after its first heartbeat)."""
-    initial_heartbeat_timeout: float = 900.0
-    """Launcher: seconds allowed until the first heartbeat (imports, model build, checkpoint load)."""
-    monitor_interval: float = 1.0
-    """Launcher ``--monitor-interval``: seconds between checks of worker processes and heartbeats."""
-    section_timeouts: dict[str, float] = field(default_factory=lambda: {"checkpoint": 600.0})
-    """Launcher: per-section timeouts in seconds (a long save inside ``checkpoint`` is not a hang)."""
+    launcher: LauncherConfig = field(default_factory=pod_launcher)
+    """The launcher's settings in the launcher modes (:class:`~nvrx_lab.launcher.config.LauncherConfig`, the one the
+    launcher's own CLI reads), :func:`pod_launcher`'s by default; its ``restart_policy`` is the mode's. Rendered as
+    the pod's ``--max-restarts`` and ``--monitor-interval`` and the ConfigMap's ``launcher.yaml`` (the rest)."""
+    max_restarts: InitVar[int | None] = None
+    """Shorthand for ``launcher.max_restarts`` (as are the four below): ``JobSpec(..., heartbeat_timeout=60)`` is
+    ``JobSpec(..., launcher=pod_launcher(heartbeat_timeout=60))``, and ``dataclasses.replace(spec,
+    heartbeat_timeout=60)`` changes that one setting. Read them from ``spec.launcher``."""
+    heartbeat_timeout: InitVar[float | None] = None
+    initial_heartbeat_timeout: InitVar[float | None] = None
+    monitor_interval: InitVar[float | None] = None
+    section_timeouts: InitVar[dict[str, float] | None] = None
     backoff_limit: int | None = None
     """Job ``backoffLimit``: failed pods before the Job fails. A group failure fails every pod (a fault under
     Kubernetes restarts; a launcher out of restarts, or the loss of index 0's store, under the launcher), so
@@ -146,8 +180,11 @@ class JobSpec:
     priority_class: str = ""
     """PriorityClass of the pods (empty: the cluster default)."""
 
-    def __post_init__(self) -> None:
-        self.section_timeouts = dict(self.section_timeouts)
+    def __post_init__(self, max_restarts, heartbeat_timeout, initial_heartbeat_timeout, monitor_interval,
+                      section_timeouts) -> None:
+        shorthand = dict(max_restarts=max_restarts, heartbeat_timeout=heartbeat_timeout, monitor_interval=monitor_interval,
+                         initial_heartbeat_timeout=initial_heartbeat_timeout, section_timeouts=section_timeouts)
+        self.launcher = _launcher(self.launcher, self.mode, {k: v for k, v in shorthand.items() if v is not None})
         self.env, self.secret_env = dict(self.env), dict(self.secret_env)
         self.train_extra, self.tolerations = tuple(self.train_extra), tuple(self.tolerations)
         check(self)

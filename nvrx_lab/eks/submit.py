@@ -1,5 +1,9 @@
 """``submit(spec, cluster, region)``: render, validate, create or replace, watch, stream rank 0, report.
 
+``watch=Watch(timeout_s, poll_s)`` says how long and how often the Job is followed (``None``: not at all),
+``access=Access(session, api_server)`` how the cluster's API is reached (boto3's default credentials and
+the cluster's own endpoint unless given).
+
 With ``dry_run=True`` (the default) nothing leaves the machine: the manifests are rendered and
 validated and returned. Otherwise the objects are created in order. A Namespace, PersistentVolume
 or claim is read first and created only when missing, never replaced; where access stops at the
@@ -21,6 +25,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import kubernetes.client
 from kubernetes.client.rest import ApiException
@@ -29,8 +34,35 @@ from nvrx_lab.eks.auth import EksError, api_client, explain
 from nvrx_lab.eks.render import render
 from nvrx_lab.eks.spec import JobSpec
 from nvrx_lab.eks.validate import validate
-from nvrx_lab.eks.watch import watch
+from nvrx_lab.eks.watch import watch as follow
 from nvrx_lab.net import wait_for
+
+if TYPE_CHECKING:
+    import boto3
+
+
+@dataclass(frozen=True)
+class Watch:
+    """Following a submitted Job to its end."""
+
+    timeout_s: float = 6 * 3600
+    """Stop watching after this many seconds (status ``timeout``; the Job runs on)."""
+    poll_s: float = 5.0
+    """Seconds between two looks at the pods and the Job."""
+
+
+WATCH = Watch()
+"""The default: up to 6 hours, a look every 5 s."""
+
+
+@dataclass(frozen=True)
+class Access:
+    """How this machine reaches the cluster's Kubernetes API."""
+
+    session: boto3.session.Session | None = None
+    """A ``boto3.session.Session`` (credentials, profile); ``None``: boto3's default chain."""
+    api_server: str | None = None
+    """An endpoint instead of the cluster's own: an SSH tunnel, a proxy to a private endpoint, a test's server."""
 
 
 @dataclass
@@ -161,10 +193,10 @@ def _job_gone(batch: kubernetes.client.BatchV1Api, name: str, ns: str) -> bool:
 
 
 def submit(spec: JobSpec, cluster: str, region: str, dry_run: bool = True, *, replace: bool = False,
-           watch_job: bool = True, timeout_s: float = 6 * 3600, poll_s: float = 5.0, session=None,
-           api_server: str | None = None, echo: Callable[[str], None] = print) -> SubmitResult:
-    """Render and validate ``spec``; unless ``dry_run``, create it on ``cluster`` and watch it to the end.
-    An existing Job of the same name is an error unless ``replace`` (it is deleted, and resumes from its checkpoints)."""
+           watch: Watch | None = WATCH, echo: Callable[[str], None] = print, access: Access | None = None) -> SubmitResult:
+    """Render and validate ``spec``; unless ``dry_run``, create it on ``cluster`` and follow it as ``watch`` says
+    (``None``: return once it is submitted), rank 0's log lines to ``echo``. An existing Job of the same name is an
+    error unless ``replace`` (it is deleted, and resumes from its checkpoints)."""
     manifests = render(spec)
     validate(manifests)
     result = SubmitResult(manifests)
@@ -173,7 +205,8 @@ def submit(spec: JobSpec, cluster: str, region: str, dry_run: bool = True, *, re
     if spec.workload != "job":
         raise EksError(f"submit: workload {spec.workload!r} is not submitted from here; apply it with kubectl apply -f "
                        "(python -m nvrx_lab.eks render writes jobset-<mode>.yaml), or use workload='job'")
-    with _cluster_api(cluster, region, spec.namespace, session, api_server) as api:
+    timeout_s = watch.timeout_s if watch else WATCH.timeout_s
+    with _cluster_api(cluster, region, spec.namespace, access or Access()) as api:
         if not replace and (what := _job_exists(kubernetes.client.BatchV1Api(api), spec)):
             raise EksError(f"Job {spec.namespace}/{spec.name} already exists ({what}): pass replace=True (CLI: --replace) "
                            "to delete it and its pods and start again from its checkpoints, or choose another name")
@@ -183,16 +216,16 @@ def submit(spec: JobSpec, cluster: str, region: str, dry_run: bool = True, *, re
         for m in manifests:
             result.actions.append(_create_or_replace(api, m, wait_s=min(300.0, timeout_s), replace=replace))
         result.status = "submitted"
-        if watch_job:
-            result.status, result.phases, log = watch(api, spec, timeout_s, poll_s, echo, result.waiting)
+        if watch is not None:
+            result.status, result.phases, log = follow(api, spec, watch.timeout_s, watch.poll_s, echo, result.waiting)
             result.goodput, result.log_tail = log.goodput, list(log.tail)
     return result
 
 
 @contextlib.contextmanager
-def _cluster_api(cluster: str, region: str, namespace: str, session, api_server: str | None):
+def _cluster_api(cluster: str, region: str, namespace: str, access: Access):
     """A Kubernetes API client for the cluster; any failure inside comes out as one clear EksError."""
-    api = api_client(cluster, region, session=session, api_server=api_server)
+    api = api_client(cluster, region, session=access.session, api_server=access.api_server)
     try:
         yield api
     except EksError:
@@ -203,11 +236,10 @@ def _cluster_api(cluster: str, region: str, namespace: str, session, api_server:
         api.close()
 
 
-def delete(spec: JobSpec, cluster: str, region: str, *, session=None, api_server: str | None = None,
-           wait_s: float = 120.0) -> list[str]:
+def delete(spec: JobSpec, cluster: str, region: str, *, access: Access | None = None, wait_s: float = 120.0) -> list[str]:
     """Delete the Job (with its pods), its Service and ConfigMap; storage and namespace stay."""
     done = []
-    with _cluster_api(cluster, region, spec.namespace, session, api_server) as api:
+    with _cluster_api(cluster, region, spec.namespace, access or Access()) as api:
         core, batch = kubernetes.client.CoreV1Api(api), kubernetes.client.BatchV1Api(api)
         if _delete_job(batch, spec.name, spec.namespace, wait_s):
             done.append(f"deleted Job/{spec.name}")

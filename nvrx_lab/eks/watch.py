@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 
 from nvrx_lab.eks.render import CONTAINER, INDEX_ANNOTATION
 from nvrx_lab.eks.spec import JobSpec
+from nvrx_lab.net import wait_for
 
 GOODPUT_PREFIX = "GOODPUT "
 
@@ -112,34 +113,39 @@ def _report_waiting(pods: dict[int, object], waiting: dict[int, str], say: Calla
         say(f"pending (index {', '.join(map(str, indexes))}): {reason}")
 
 
+def _look(core, batch, spec: JobSpec, phases: dict[int, str], waiting: dict[int, str], log: _Rank0Log, bar) -> str | None:
+    """One look at the pods (phases, why they wait, rank 0's log) and the Job: ``Succeeded``/``Failed`` once it ended."""
+    pods = core.list_namespaced_pod(spec.namespace, label_selector=f"app.kubernetes.io/instance={spec.name}").items
+    latest = {}
+    for pod in sorted(pods, key=lambda p: str(p.metadata.creation_timestamp or "")):
+        index = int((pod.metadata.annotations or {}).get(INDEX_ANNOTATION, -1))
+        phases[index], latest[index] = pod.status.phase or "Pending", pod
+        if index == 0 and phases[0] in ("Running", "Succeeded", "Failed"):
+            log.follow(pod.metadata.name)
+    _report_waiting(latest, waiting, tqdm.write)
+    bar.n = sum(p in ("Running", "Succeeded") for i, p in phases.items() if i >= 0)
+    bar.set_postfix_str(" ".join(f"{i}:{p}" for i, p in sorted(phases.items())), refresh=True)
+    st = batch.read_namespaced_job_status(spec.name, spec.namespace).status
+    conds = {c.type: c.status for c in (st.conditions or [])}
+    if conds.get("Complete") == "True" or (st.succeeded or 0) >= spec.nodes:
+        return "Succeeded"
+    return "Failed" if conds.get("Failed") == "True" else None
+
+
 def watch(api: kubernetes.client.ApiClient, spec: JobSpec, timeout_s: float, poll_s: float,
           echo: Callable[[str], None], waiting: dict[int, str] | None = None) -> tuple[str, dict[int, str], _Rank0Log]:
+    """Follow the Job of ``spec`` until it ends or ``timeout_s`` passes (status ``timeout``), a look every ``poll_s``:
+    (its status, each index's phase, rank 0's log)."""
     core, batch = kubernetes.client.CoreV1Api(api), kubernetes.client.BatchV1Api(api)
     log = _Rank0Log(core, spec.namespace, echo)
     phases: dict[int, str] = {}
     waiting = {} if waiting is None else waiting
     deadline = time.monotonic() + timeout_s
-    status = "timeout"
     with tqdm(total=spec.nodes, desc=f"{spec.name} pods running", unit="pod") as bar:
-        while time.monotonic() < deadline:
-            pods = core.list_namespaced_pod(spec.namespace, label_selector=f"app.kubernetes.io/instance={spec.name}").items
-            latest = {}
-            for pod in sorted(pods, key=lambda p: str(p.metadata.creation_timestamp or "")):
-                index = int((pod.metadata.annotations or {}).get(INDEX_ANNOTATION, -1))
-                phases[index], latest[index] = pod.status.phase or "Pending", pod
-                if index == 0 and phases[0] in ("Running", "Succeeded", "Failed"):
-                    log.follow(pod.metadata.name)
-            _report_waiting(latest, waiting, tqdm.write)
-            bar.n = sum(p in ("Running", "Succeeded") for i, p in phases.items() if i >= 0)
-            bar.set_postfix_str(" ".join(f"{i}:{p}" for i, p in sorted(phases.items())), refresh=True)
-            st = batch.read_namespaced_job_status(spec.name, spec.namespace).status
-            conds = {c.type: c.status for c in (st.conditions or [])}
-            if conds.get("Complete") == "True" or (st.succeeded or 0) >= spec.nodes:
-                status = "Succeeded"
-                break
-            if conds.get("Failed") == "True":
-                status = "Failed"
-                break
-            time.sleep(poll_s)
+        try:
+            status = wait_for(lambda: _look(core, batch, spec, phases, waiting, log, bar), timeout_s,
+                              f"Job/{spec.name} to end", interval=poll_s)
+        except TimeoutError:
+            status = "timeout"
     log.join(timeout=max(1.0, min(30.0, deadline - time.monotonic())))
     return status, phases, log

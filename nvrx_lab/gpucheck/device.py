@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 
@@ -26,11 +25,12 @@ def device_assert_worker(health: bool) -> int:
     """Run under torchrun (one rank): attempt 0 triggers a device-side assert; prints one JSON line."""
     import torch.distributed as dist
 
+    from nvrx_lab.dist import LaunchEnv, export_env
     from nvrx_lab.inprocess import HealthCheckError, RestartLimitError, Wrapper, default_health_check
     from nvrx_lab.train.layers import INPROCESS_NCCL_ENV
 
-    os.environ.update(INPROCESS_NCCL_ENV)
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    export_env(INPROCESS_NCCL_ENV)
+    device = torch.device("cuda", LaunchEnv.read().local_rank)
     torch.cuda.set_device(device)
     attempts: list[int] = []
 

@@ -7,13 +7,14 @@ gaps on CPU/gloo: a rank blocked in a **gloo** collective is unblocked at once (
 cut, :mod:`.interrupt`), and a rank sitting in ``time.sleep`` or a blocking read is interrupted
 by a signal instead of waiting for the hard timeout.
 
-One concept a file: :mod:`.wrap` (the decorator and its settings), :mod:`.loop` (the attempt
-loop), :mod:`.call_wrapper`, :mod:`.store`, :mod:`.monitor` (thread), :mod:`.monitor_process`
+One concept a file: :mod:`.wrap` (the decorator and its settings, and what each component gets of
+them), :mod:`.launch` (torchrun's environment, read once), :mod:`.loop` (the attempt loop),
+:mod:`.call_wrapper`, :mod:`.store`, :mod:`.monitor` (thread), :mod:`.monitor_process`
 (hard timeout, death notice, store host), :mod:`.interrupt`, and the policies :mod:`.abort`,
 :mod:`.health_check`, :mod:`.rank_assignment`; :mod:`.teardown` (what an attempt's end
 releases, in which order); :mod:`.restart_log`; :mod:`.spawn` (a local
-launcher that lets survivors run); :mod:`.demo_worker` (a small wrapped training loop with
-scheduled faults: tests, reliability suite, notebook). Introduced in
+launcher that lets survivors run); ``nvrx_lab.demo.inprocess_worker`` is a small wrapped training
+loop with scheduled faults (tests, reliability suite, notebook). Introduced in
 ``notebooks/02_in_process_restart.ipynb``.
 """
 

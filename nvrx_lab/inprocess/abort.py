@@ -61,7 +61,7 @@ def abort_nccl() -> int:
             backend = pg._get_backend(torch.device("cuda"))
         except Exception:  # no CUDA backend on this group
             continue
-        if type(backend).__name__ == "ProcessGroupNCCL":
+        if type(backend).__name__ == "ProcessGroupNCCL":  # torch's backend object, by its class
             backend.abort()
             n += 1
     return n

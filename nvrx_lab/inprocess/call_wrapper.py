@@ -14,8 +14,8 @@ Passed as the first argument of the wrapped function, one per attempt::
 from __future__ import annotations
 
 import contextlib
-import os
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
@@ -39,19 +39,18 @@ def cap_gloo_timeout(timeout: float, cap: float | None) -> None:
         gloo = dist.group.WORLD._get_backend(torch.device("cpu"))
     except Exception:  # no CPU backend in this group
         return
-    if type(gloo).__name__ == "ProcessGroupGloo":
+    if type(gloo).__name__ == "ProcessGroupGloo":  # torch's backend object: only gloo's timeout is capped
         gloo._set_default_timeout(timedelta(seconds=cap))
 
 
-def gloo_sockets(backend: str | None, world_size: int) -> int:
+def gloo_sockets(backend: str | None, world_size: int, transport: str = "TCP", interfaces: int = 1) -> int:
     """Connected TCP sockets a gloo group keeps on each rank: one per peer and device (``GLOO_SOCKET_IFNAME``
-    may list several interfaces, a device each); 0 without gloo, or with a transport other than TCP."""
+    may list several ``interfaces``, a device each); 0 without gloo, or with a ``transport`` other than TCP."""
     if backend is not None and "gloo" not in str(backend).lower():
         return 0
-    if not os.environ.get("GLOO_DEVICE_TRANSPORT", "TCP").upper().startswith("TCP"):
+    if not transport.upper().startswith("TCP"):
         return 0
-    interfaces = [name for name in os.environ.get("GLOO_SOCKET_IFNAME", "").split(",") if name.strip()]
-    return (world_size - 1) * max(1, len(interfaces))
+    return (world_size - 1) * max(1, interfaces)
 
 
 def uses_nccl(backend, device_id) -> bool:
@@ -84,15 +83,30 @@ def connect_device(pg: dist.ProcessGroup, device: torch.device) -> None:
         backend.eager_connect_single_device(device)
 
 
+@dataclass(frozen=True)
+class GroupSettings:
+    """How :meth:`CallWrapper.init_process_group` makes an attempt's group (built by
+    :meth:`.wrap.Wrapper.group_settings`)."""
+
+    pg_timeout: float = 300.0
+    """Default collective timeout (s) of the group (``Wrapper.pg_timeout``)."""
+    nccl_min_timeout: float | None = None
+    """An NCCL part's timeout must exceed this (s); ``None``: not checked (``Wrapper.nccl_min_timeout``)."""
+    gloo_max_timeout: float | None = None
+    """The gloo part's timeout is capped here (s); ``None``: not capped (``Wrapper.gloo_max_timeout``)."""
+    gloo_transport: str = "TCP"
+    """gloo's transport (``GLOO_DEVICE_TRANSPORT`` at launch): only TCP's sockets are awaited."""
+    gloo_interfaces: int = 1
+    """Network interfaces gloo connects each pair over (``GLOO_SOCKET_IFNAME`` at launch; at least 1)."""
+
+
 class CallWrapper:
     def __init__(self, state: State, client: dist.Store, client_fds: set[int], monitor: MonitorThread,
-                 sockets: SocketTracker, progress: Progress | None, pg_timeout: float,
-                 on_first_ping=None, nccl_min_timeout: float | None = None, gloo_max_timeout: float | None = None):
+                 sockets: SocketTracker, progress: Progress | None, settings: GroupSettings, on_first_ping=None):
         self.state = state
         self._client, self._client_fds = client, client_fds
         self._monitor, self._sockets, self._progress = monitor, sockets, progress
-        self._pg_timeout, self._nccl_min_timeout = pg_timeout, nccl_min_timeout
-        self._gloo_max_timeout = gloo_max_timeout
+        self._settings = settings
         self._on_first_ping = on_first_ping
         self.records: dict[str, float] = {}
         """Values the function reported with :meth:`record` (``reload_s`` goes into the restart log)."""
@@ -148,8 +162,9 @@ class CallWrapper:
             raise RuntimeError(f"call_wrapper of attempt {self.iteration} used after its attempt ended")
         if dist.is_initialized():
             raise RuntimeError("a default process group already exists; create it only via call_wrapper")
+        cfg = self._settings
         if timeout is None:
-            timeout = self._pg_timeout
+            timeout = cfg.pg_timeout
         if not isinstance(timeout, timedelta):
             timeout = timedelta(seconds=float(timeout))
         device_id = kwargs.pop("device_id", None)
@@ -158,15 +173,16 @@ class CallWrapper:
         if backend is None and device_id is not None:
             backend = dist.Backend.default_device_backend_map.get(device_id.type)
         if uses_nccl(backend, device_id):
-            check_nccl_timeout(timeout.total_seconds(), self._nccl_min_timeout)
+            check_nccl_timeout(timeout.total_seconds(), cfg.nccl_min_timeout)
         pg_store = dist.PrefixStore(f"it/{self.iteration}/pg", self._client)
         self._sockets.begin(init_only=self._client_fds)
         try:
             try:
                 dist.init_process_group(backend, store=pg_store, rank=self.rank, world_size=self.world_size,
                                         timeout=timeout, **kwargs)
-                self._sockets.await_connected(gloo_sockets(backend, self.world_size), timeout.total_seconds())
-                cap_gloo_timeout(timeout.total_seconds(), self._gloo_max_timeout)
+                expected = gloo_sockets(backend, self.world_size, cfg.gloo_transport, cfg.gloo_interfaces)
+                self._sockets.await_connected(expected, timeout.total_seconds())
+                cap_gloo_timeout(timeout.total_seconds(), cfg.gloo_max_timeout)
             finally:
                 self._sockets.commit()
             if device_id is not None:

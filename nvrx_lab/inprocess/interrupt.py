@@ -33,13 +33,11 @@ hard timeout of :mod:`.monitor_process`.
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
-import stat
 import threading
-import time
-from collections.abc import Iterable
+
+from nvrx_lab.net import wait_for
+from nvrx_lab.sockets import shutdown_connected, socket_fds
 
 INTERRUPT_SIGNAL = signal.SIGUSR1
 """The signal sent to the main thread; its handler raises :class:`RankShouldRestart` while armed."""
@@ -78,46 +76,6 @@ class MainThreadInterrupter:
         signal.signal(self.sig, self._previous)
 
 
-def socket_fds() -> set[int]:
-    """The open file descriptors of this process that are sockets."""
-    out = set()
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            if stat.S_ISSOCK(os.stat(f"/proc/self/fd/{name}").st_mode):
-                out.add(int(name))
-        except (OSError, ValueError):
-            continue
-    return out
-
-
-def shutdown_connected(fds: Iterable[int], shut: bool = True) -> int:
-    """``shutdown(SHUT_RDWR)`` every *connected* TCP socket among ``fds``; listeners are skipped.
-
-    The descriptor is duplicated for the call, so the owner's fd number stays valid and is closed
-    by its owner later. Returns how many sockets were shut down (``shut=False``: only counted).
-    """
-    n = 0
-    for fd in fds:
-        try:
-            s = socket.socket(fileno=os.dup(fd))
-        except OSError:
-            continue
-        try:
-            if s.family not in (socket.AF_INET, socket.AF_INET6) or s.type != socket.SOCK_STREAM:
-                continue
-            if s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
-                continue
-            s.getpeername()  # raises if not connected
-            if shut:
-                s.shutdown(socket.SHUT_RDWR)
-            n += 1
-        except OSError:
-            pass
-        finally:
-            s.close()
-    return n
-
-
 class SocketTracker:
     """Remembers which sockets the current attempt opened, so an abort can cut exactly those.
 
@@ -152,14 +110,20 @@ class SocketTracker:
         every rank: at 16 ranks here, 10 of a rank's 15 pair sockets were there when it returned, the last
         ones ~1 ms later. Fixed without them, a cut misses them, and a rank waiting on one stays in its
         collective until the hard timeout kills it (2 of 10 restarts at 16 ranks)."""
-        deadline = time.monotonic() + timeout
-        while True:
+        have = 0
+
+        def enough() -> bool:
+            nonlocal have
             with self._lock:
                 new = socket_fds() - self._before if self._before is not None else set()
             have = shutdown_connected(new, shut=False)
-            if have >= n or time.monotonic() >= deadline:
-                return have
-            time.sleep(0.001)
+            return have >= n
+
+        try:
+            wait_for(enough, timeout, f"{n} connected sockets of the new group", interval=0.001)
+        except TimeoutError:
+            pass  # fixed with those there are: the caller's group is up, and the hard timeout stays the backstop
+        return have
 
     def commit(self) -> None:
         """Fix the tracked set: what was opened since :meth:`begin`; nothing opened later."""

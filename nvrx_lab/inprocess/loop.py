@@ -3,6 +3,7 @@
 
 What :class:`~.wrap.Wrapper` runs on every rank, top to bottom::
 
+    read the launch once (torchrun's environment: rank, world size, store address; see launch.py)
     start the monitor process (hard timeout, death notice; rank 0's also hosts the store)
     start the monitor thread (heartbeats, fault watch, soft timeout, interrupts)
     rendezvous 0: all ranks meet, ranks assigned
@@ -24,11 +25,13 @@ import time
 
 from nvrx_lab import liveness
 from nvrx_lab.net import wait_for
+from nvrx_lab.sockets import socket_fds
 
 from . import monitor_process, rendezvous, teardown
 from .call_wrapper import CallWrapper, ConfigError
 from .health_check import HealthCheckError
-from .interrupt import MainThreadInterrupter, RankShouldRestart, SocketTracker, socket_fds
+from .interrupt import MainThreadInterrupter, RankShouldRestart, SocketTracker
+from .launch import Launch
 from .monitor import MonitorThread
 from .restart_log import RestartLimitError, RestartRecord, root_cause
 from .state import State
@@ -36,19 +39,6 @@ from .store import RestartStore, connect, connect_reporting
 from .watch import KeyWatch, Watched
 
 ATTEMPT_WAIT_S = 365 * 24 * 3600.0  # bound of the wait for an attempt's end: none (it ends with a fault or done)
-
-
-def _env_int(name: str, default: int | None = None) -> int:
-    value = os.environ.get(name)
-    if value is None:
-        if default is None:
-            raise RuntimeError(f"in-process Wrapper: environment variable {name} is not set; launch with "
-                               f"torchrun (or set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)")
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        raise RuntimeError(f"in-process Wrapper: {name}={value!r} is not an integer") from None
 
 
 class RestartLoop:
@@ -62,22 +52,16 @@ class RestartLoop:
     # -- entry ---------------------------------------------------------------------------------
     def run(self, args, kwargs):
         cfg = self.cfg
-        self.me = _env_int("RANK", 0)
-        self.ws = _env_int("WORLD_SIZE", 1)
-        self.host = cfg.store_host or os.environ.get("MASTER_ADDR", "127.0.0.1")
-        self.port = cfg.store_port or _env_int("MASTER_PORT") + 1
+        self.launch = Launch.from_env(os.environ)  # the one read of the launcher's environment: passed down from here
+        self.me, self.ws = self.launch.rank, self.launch.world_size
+        self.host, self.port = self.launch.store_address(cfg.store_host, cfg.store_port)
         self.emit = cfg.emit or (lambda kind, **fields: None)
         self.interrupter = MainThreadInterrupter()
         self.excepthook = sys.excepthook
         self.sockets = SocketTracker()
         self.abort = cfg.bind_abort(self.sockets)
         try:
-            self.proc, self.progress = monitor_process.start(
-                self.me, self.ws, self.host, self.port, host_store=(self.me == 0 and cfg.host_store),
-                hard_timeout=cfg.hard_timeout if cfg.hard_timeout is not None else float("inf"),
-                interval=cfg.monitor_interval * 2, heartbeat_interval=cfg.heartbeat_interval,
-                heartbeat_timeout=cfg.heartbeat_timeout, policy=cfg.rank_assignment,
-                idle_exit=max(10.0, 3 * cfg.heartbeat_timeout))
+            self.proc, self.progress = monitor_process.start(cfg.process_settings(self.launch))
             # every client is made now, before the monitor thread runs: a TCPStore client holds
             # the GIL while it connects (incl. a reverse-DNS lookup that can stall for seconds)
             self.store = RestartStore(connect(self.host, self.port, cfg.barrier_timeout))
@@ -85,8 +69,8 @@ class RestartLoop:
             monitor_store = RestartStore(connect(self.host, self.port, cfg.barrier_timeout))
             self.watch = KeyWatch(RestartStore(connect(self.host, self.port, cfg.barrier_timeout)))
             self._new_pg_client()
-            self.monitor = MonitorThread(monitor_store, self.me, self.interrupter, self.abort, cfg.soft_timeout,
-                                         cfg.heartbeat_interval, cfg.monitor_interval, page=self.progress)
+            self.monitor = MonitorThread(monitor_store, self.me, self.interrupter, self.abort, cfg.thread_settings(),
+                                         page=self.progress)
             self.monitor.start()
             self.watch.start()
             self.progress.write(armed=True)
@@ -159,7 +143,7 @@ class RestartLoop:
         sys.excepthook = self.excepthook
         on_first = (lambda cw: self._emit_unarmed(pending, cw.records)) if pending is not None else None
         cw = CallWrapper(state, self.pg_client, self.pg_client_fds, self.monitor, self.sockets, self.progress,
-                         self.cfg.pg_timeout, on_first, self.cfg.nccl_min_timeout, self.cfg.gloo_max_timeout)
+                         self.cfg.group_settings(self.launch), on_first)
         cw.last_restart, stop_listening = pending, liveness.listen(cw._touch)  # a layer's bounded wait: progress
         active = [r for r, k in state.assignment.items() if k is not None]
         end = self.watch.watch(self.store.end_key(n), ATTEMPT_WAIT_S)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 
 from .interrupt import MainThreadInterrupter
 from .monitor_process import Progress
@@ -29,14 +30,26 @@ from .store import RestartStore
 from .watch import Watched
 
 
+@dataclass(frozen=True)
+class ThreadSettings:
+    """What the monitor thread acts on (built by :meth:`.wrap.Wrapper.thread_settings`)."""
+
+    soft_timeout: float = 60.0
+    """No ``ping()`` for this long (s) outside an atomic section: a ``hang`` is reported."""
+    heartbeat_interval: float = 0.5
+    """Seconds between heartbeats, when the thread stands in for its monitor process."""
+    interval: float = 0.01
+    """Tick period (s) of the thread."""
+    resend: float = 0.2
+    """An interrupt is sent again after this long (s) while the main thread is still in the function."""
+
+
 class MonitorThread(threading.Thread):
     def __init__(self, store: RestartStore, rank: int, interrupter: MainThreadInterrupter, abort,
-                 soft_timeout: float, heartbeat_interval: float, interval: float = 0.01, resend: float = 0.2,
-                 page: Progress | None = None):
+                 settings: ThreadSettings, page: Progress | None = None):
         super().__init__(name=f"nvrx-inprocess-monitor-{rank}", daemon=True)
         self.store, self.rank, self.interrupter, self.abort = store, rank, interrupter, abort
-        self.soft_timeout, self.interval, self.resend = soft_timeout, interval, resend
-        self.heartbeat_interval = heartbeat_interval
+        self.settings = settings
         self.page = page
         """The page shared with the monitor process: this thread beats while the process's last beat there is two
         intervals old (always, without one)."""
@@ -80,14 +93,17 @@ class MonitorThread(threading.Thread):
 
     # -- the loop ----------------------------------------------------------------------------
     def run(self) -> None:
+        # The thread's periodic loop for the whole wrapped call, not a wait: every tick it beats (when its
+        # monitor process does not), watches the armed attempt's end and progress, and re-sends an interrupt.
+        cfg = self.settings
         next_beat = 0.0
         last_signal = 0.0
-        while not self._stop_event.wait(self.interval):
+        while not self._stop_event.wait(cfg.interval):
             try:
                 now = time.monotonic()
                 if now >= next_beat:
-                    next_beat = now + self.heartbeat_interval
-                    if self.page is None or now - self.page.last_beat > 2 * self.heartbeat_interval:
+                    next_beat = now + cfg.heartbeat_interval
+                    if self.page is None or now - self.page.last_beat > 2 * cfg.heartbeat_interval:
                         self.store.beat(self.rank)
                 with self._lock:
                     state, end = self._state, self._end
@@ -98,13 +114,13 @@ class MonitorThread(threading.Thread):
                         self._interrupt(state)
                         last_signal = time.monotonic()
                     elif (not self._hang_reported and not self.atomic_depth
-                          and now - self.last_ping > self.soft_timeout):
+                          and now - self.last_ping > cfg.soft_timeout):
                         self._hang_reported = True
                         self.store.report_fault(state.iteration, self.rank, "hang",
                                                 f"no ping for {now - self.last_ping:.2f} s "
-                                                f"(soft_timeout {self.soft_timeout} s)",
+                                                f"(soft_timeout {cfg.soft_timeout} s)",
                                                 time.time() - (now - self.last_ping))
-                elif self.interrupter.armed and now - last_signal > self.resend:
+                elif self.interrupter.armed and now - last_signal > cfg.resend:
                     self.interrupter.interrupt(self.interrupter.reason)
                     last_signal = now
             except Exception as e:  # the store went away: nothing left to coordinate with

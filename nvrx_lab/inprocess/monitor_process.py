@@ -32,15 +32,17 @@ assignment policy the process inherited from the rank.
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import signal
 import struct
 import time
+from dataclasses import dataclass, field
 
 from nvrx_lab.net import wait_for
 
-from .rank_assignment import ShiftRanks
+from .rank_assignment import RankAssignment, ShiftRanks
 
 _FIELDS = {"progress": (0, "<d"), "iteration": (8, "<q"), "armed": (16, "<q"), "finished": (24, "<q"),
            "store_up": (32, "<q"), "beat": (40, "<d")}
@@ -124,9 +126,35 @@ class MonitorProcess:
             pass
 
 
-def start(rank: int, world_size: int, store_host: str, store_port: int, host_store: bool,
-          hard_timeout: float, interval: float = 0.02, heartbeat_interval: float = 0.5,
-          heartbeat_timeout: float = 5.0, policy=None, idle_exit: float = 30.0) -> tuple[MonitorProcess, Progress]:
+@dataclass(frozen=True)
+class ProcessSettings:
+    """What a rank's monitor process needs (built by :meth:`.wrap.Wrapper.process_settings`)."""
+
+    rank: int
+    """Initial rank (``RANK``) of the rank this process watches; rank 0's also judges every heartbeat."""
+    world_size: int
+    """``WORLD_SIZE`` at launch."""
+    store_host: str
+    """Host of the wrapper's store."""
+    store_port: int
+    """Port of the wrapper's store."""
+    host_store: bool = False
+    """This process hosts the store (and keeps hosting it after its rank is gone)."""
+    hard_timeout: float = math.inf
+    """No progress for this long (s) while armed: SIGKILL the rank (``inf``: never)."""
+    interval: float = 0.02
+    """Poll period (s) of the shared page and the parent's liveness."""
+    heartbeat_interval: float = 0.5
+    """Seconds between heartbeats in the store."""
+    heartbeat_timeout: float = 5.0
+    """A rank whose counter stood still this long (s) is dead (judged by the store host)."""
+    policy: RankAssignment = field(default_factory=ShiftRanks)
+    """The rank assignment a death notice decides an open rendezvous with."""
+    idle_exit: float = 30.0
+    """The store host stops serving once no rank beat for this long (s)."""
+
+
+def start(cfg: ProcessSettings) -> tuple[MonitorProcess, Progress]:
     """Fork the monitor process of this rank; returns its handle and the shared progress page.
 
     Forked, not exec'd: it starts in milliseconds with torch already imported (a fresh
@@ -140,12 +168,13 @@ def start(rank: int, world_size: int, store_host: str, store_port: int, host_sto
     pid = os.fork()
     if pid:
         proc = MonitorProcess(pid)
-        if host_store:  # the rank that hosts the store fails at once, and says why, if it could not
-            wait_for(lambda: progress.store_up or proc.poll() is not None, 60.0, f"the store on {store_host}:{store_port}",
+        if cfg.host_store:  # the rank that hosts the store fails at once, and says why, if it could not
+            where = f"{cfg.store_host}:{cfg.store_port}"
+            wait_for(lambda: progress.store_up or proc.poll() is not None, 60.0, f"the store on {where}",
                      interval=0.002)
             if not progress.store_up:
                 progress.close()
-                raise RuntimeError(f"rank {rank} could not host the in-process restart store on {store_host}:{store_port} "
+                raise RuntimeError(f"rank {cfg.rank} could not host the in-process restart store on {where} "
                                    "(its error is above; the port may be taken: pass Wrapper(store_port=...))")
         return proc, progress
     code = 1
@@ -164,10 +193,7 @@ def start(rank: int, world_size: int, store_host: str, store_port: int, host_sto
                     os.close(fd)
                 except OSError:
                     pass
-        policy = policy or ShiftRanks()
-        judge = Judge(world_size, heartbeat_interval, heartbeat_timeout, policy) if rank == 0 else None
-        code = _run(rank, world_size, store_host, store_port, host_store, hard_timeout, interval,
-                    heartbeat_interval, idle_exit, progress, parent, judge, policy)
+        code = _run(cfg, progress, parent)
     except BaseException:
         import traceback
 
@@ -176,40 +202,43 @@ def start(rank: int, world_size: int, store_host: str, store_port: int, host_sto
         os._exit(code)
 
 
-def _run(rank, world_size, store_host, store_port, host_store, hard_timeout, interval, heartbeat_interval,
-         idle_exit, progress: Progress, parent_pid: int, judge: Judge | None, policy) -> int:
+def _run(cfg: ProcessSettings, progress: Progress, parent_pid: int) -> int:
     from . import store as st
 
-    server = st.host(store_port, bind=store_host) if host_store else None
+    server = st.host(cfg.store_port, bind=cfg.store_host) if cfg.host_store else None
     progress._put("store_up", int(server is not None))
-    client = st.RestartStore(st.connect(store_host, store_port))
+    client = st.RestartStore(st.connect(cfg.store_host, cfg.store_port))
+    judge = Judge(cfg.world_size, cfg.heartbeat_interval, cfg.heartbeat_timeout, cfg.policy) if cfg.rank == 0 else None
     parent_gone = False
     next_beat = 0.0
+    # The process's periodic loop for as long as its rank lives, not a wait: every tick it beats, judges the
+    # heartbeats (rank 0's) and watches the rank's progress and liveness; the rank's end is one of its outcomes.
     while not parent_gone:
-        time.sleep(interval)
+        time.sleep(cfg.interval)
         last, iteration, armed, finished = progress.read()
         if time.monotonic() >= next_beat and os.getppid() == parent_pid:
-            client.beat(rank)
+            client.beat(cfg.rank)
             progress._put("beat", time.monotonic())  # the rank's monitor thread beats only if these stop
-            next_beat = time.monotonic() + heartbeat_interval
+            next_beat = time.monotonic() + cfg.heartbeat_interval
         if judge is not None:
             judge.tick(client)
         if os.getppid() != parent_pid:
             parent_gone = True
             if not finished:
-                _report_dead(client, rank, iteration, "dead", "process exited without finishing (killed?)",
-                             world_size, policy)
-        elif armed and time.monotonic() - last > hard_timeout:
+                _report_dead(client, cfg.rank, iteration, "dead", "process exited without finishing (killed?)",
+                             cfg.world_size, cfg.policy)
+        elif armed and time.monotonic() - last > cfg.hard_timeout:
             os.kill(parent_pid, signal.SIGKILL)
             parent_gone = True
-            _report_dead(client, rank, iteration, "hard_timeout",
-                         f"no progress for {time.monotonic() - last:.1f} s > hard_timeout {hard_timeout} s; killed",
-                         world_size, policy)
+            _report_dead(client, cfg.rank, iteration, "hard_timeout",
+                         f"no progress for {time.monotonic() - last:.1f} s > hard_timeout {cfg.hard_timeout} s; killed",
+                         cfg.world_size, cfg.policy)
         elif finished:
             parent_gone = True
-    client.leave(rank)
+    client.leave(cfg.rank)
     if server is not None:  # keep the store up for the others
-        _serve_until_idle(client, world_size, idle_exit, judge or Judge(world_size, heartbeat_interval, 1e9, policy))
+        _serve_until_idle(client, cfg.world_size, cfg.idle_exit,
+                          judge or Judge(cfg.world_size, cfg.heartbeat_interval, 1e9, cfg.policy))
     return 0
 
 
@@ -263,9 +292,9 @@ class Judge:
 
 
 def _serve_until_idle(client, world_size: int, idle_exit: float, judge: Judge) -> None:
-    while not client.all_gone(world_size):
-        judge.tick(client)
-        if time.monotonic() - judge.last_change > idle_exit:
-            return
-        time.sleep(0.1)
+    """Host the store, judging heartbeats, until every rank has left or is known dead, or nobody beat for ``idle_exit`` s."""
+    def over() -> bool:
+        return client.all_gone(world_size) or time.monotonic() - judge.last_change > idle_exit
+
+    wait_for(over, math.inf, "every rank to leave the store", interval=0.1, on_poll=lambda: judge.tick(client))
     time.sleep(0.5)  # let the last clients finish their calls

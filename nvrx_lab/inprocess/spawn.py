@@ -7,7 +7,7 @@ without a dead rank. This launcher starts ``--nproc`` copies of a command with t
 environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``,
 ``MASTER_PORT``) and only waits::
 
-    python -m nvrx_lab.inprocess.spawn --nproc 2 -- python -m nvrx_lab.inprocess.demo_worker --steps 20
+    python -m nvrx_lab.inprocess.spawn --nproc 2 -- python -m nvrx_lab.demo.inprocess_worker --steps 20
 
 Exit status: 0 when at least one rank exited 0 and none exited with an error code (ranks
 killed by a signal are reported, not counted as errors); otherwise the first error code.
@@ -16,13 +16,13 @@ killed by a signal are reported, not counted as errors); otherwise the first err
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import subprocess
 import sys
-import time
 
-from nvrx_lab.net import free_port_pair
+from nvrx_lab.net import free_port_pair, wait_for
 
 
 def rank_env(rank: int, nproc: int, master_addr: str, master_port: int, base: dict | None = None) -> dict:
@@ -61,15 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     if not cmd:
         ap.error("no command given (put it after --)")
     procs = launch(cmd, a.nproc, a.master_addr, a.master_port)
-    deadline = None if a.timeout is None else time.monotonic() + a.timeout
     try:
-        while any(p.poll() is None for p in procs):
-            if deadline is not None and time.monotonic() > deadline:
-                print(f"spawn: timeout after {a.timeout} s; killing ranks", file=sys.stderr)
-                for p in procs:
-                    p.kill()
-                break
-            time.sleep(0.05)
+        wait_for(lambda: all(p.poll() is not None for p in procs), math.inf if a.timeout is None else a.timeout,
+                 "every rank to exit")
+    except TimeoutError:
+        print(f"spawn: timeout after {a.timeout} s; killing ranks", file=sys.stderr)
+        for p in procs:
+            p.kill()
     except KeyboardInterrupt:
         for p in procs:
             p.send_signal(signal.SIGINT)

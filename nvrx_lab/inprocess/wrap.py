@@ -26,14 +26,19 @@ survivors run (``nvrx_lab.inprocess.spawn``, or the in-job launcher's ``min-heal
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 from .abort import AbortTorchDistributed
+from .call_wrapper import GroupSettings
 from .compose import Compose
 from .interrupt import SocketTracker
+from .launch import Launch
 from .loop import RestartLoop
+from .monitor import ThreadSettings
+from .monitor_process import ProcessSettings
 from .rank_assignment import RankAssignment, ShiftRanks
 
 
@@ -128,6 +133,26 @@ class Wrapper:
     def nccl_min_timeout(self) -> float:
         """An NCCL group's collective timeout must exceed this (see ``pg_timeout``)."""
         return self.hard_timeout if self.hard_timeout is not None else self.soft_timeout
+
+    # -- what each component gets of these settings (one place for each translation) -----------------
+    def process_settings(self, launch: Launch) -> ProcessSettings:
+        """The monitor process's settings: it polls at twice the thread's period; rank 0's hosts the store."""
+        host, port = launch.store_address(self.store_host, self.store_port)
+        return ProcessSettings(
+            launch.rank, launch.world_size, host, port, host_store=launch.rank == 0 and self.host_store,
+            hard_timeout=self.hard_timeout if self.hard_timeout is not None else math.inf,
+            interval=self.monitor_interval * 2, heartbeat_interval=self.heartbeat_interval,
+            heartbeat_timeout=self.heartbeat_timeout, policy=self.rank_assignment,
+            idle_exit=max(10.0, 3 * self.heartbeat_timeout))
+
+    def thread_settings(self) -> ThreadSettings:
+        """The monitor thread's settings."""
+        return ThreadSettings(self.soft_timeout, self.heartbeat_interval, self.monitor_interval)
+
+    def group_settings(self, launch: Launch) -> GroupSettings:
+        """What ``call_wrapper.init_process_group`` needs: the timeouts, and gloo's transport from the launch."""
+        return GroupSettings(self.pg_timeout, self.nccl_min_timeout, self.gloo_max_timeout,
+                             launch.gloo_transport, len(launch.gloo_interfaces))
 
     def bind_abort(self, sockets: SocketTracker) -> Callable:
         """Give every :class:`AbortTorchDistributed` in ``abort`` the attempt's socket tracker."""

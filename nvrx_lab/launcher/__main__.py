@@ -4,6 +4,10 @@ Builds torchrun's own launch configuration from its own parser (``config_from_ar
 our :class:`~nvrx_lab.launcher.agent.HeartbeatAgent` instead of torchrun's agent. Exit code 0 when
 the workers succeeded, 1 when they failed with no restarts left, 2 for bad flags or config, and 2
 (at once, no restart) when a worker exited 2, the code of a usage error.
+
+The launcher's own environment is read here, once (``$NVRX_LAB_METRICS``), and the values passed on;
+what it writes to the environment are torch's settings for this process (its rendezvous and signal
+handling read them), never a channel to our own modules.
 """
 
 from __future__ import annotations
@@ -15,18 +19,19 @@ import tempfile
 import uuid
 from typing import TYPE_CHECKING
 
-from nvrx_lab.launcher.cli import ConfigError, LauncherSettings, parse
+from nvrx_lab.launcher.cli import ConfigError, parse
 
 if TYPE_CHECKING:
     from torch.distributed.elastic.rendezvous import RendezvousParameters
     from torch.distributed.launcher.api import LaunchConfig
 
+    from nvrx_lab.launcher.config import LauncherConfig
     from nvrx_lab.launcher.policy import RestartPolicy
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        args, settings = parse(argv)
+        args, settings = parse(argv, environ=os.environ)  # the launcher's environment: read here, and only here
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -62,7 +67,7 @@ def _rendezvous(config: LaunchConfig) -> tuple[RendezvousParameters, str, int]:
     return params, master_addr, master_port
 
 
-def _launch(config: LaunchConfig, cmd: str, cmd_args: list[str], settings: LauncherSettings,
+def _launch(config: LaunchConfig, cmd: str, cmd_args: list[str], settings: LauncherConfig,
             policy: RestartPolicy) -> int:
     """Monitors (and the standby zygote) in a private directory, then our agent until the workers are done."""
     import torch.distributed.elastic.rendezvous.registry as rdzv_registry
@@ -81,7 +86,8 @@ def _launch(config: LaunchConfig, cmd: str, cmd_args: list[str], settings: Launc
         cmd, cmd_args = zygote.wrap(cmd, cmd_args)
     restart_log = RestartLog(settings.metrics_file, config.max_restarts)
     params, master_addr, master_port = _rendezvous(config)
-    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
+    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle  # torch's, read in this process
+    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "0"  # torch's rendezvous: workers are clients of our stores
     result = agent = None
     rdzv_handler = None
     try:

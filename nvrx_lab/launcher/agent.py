@@ -20,6 +20,10 @@ What it changes, and why:
 * **Warm standby** (optional, :mod:`nvrx_lab.launcher.standby`): after torchelastic stops workers
   the zygote is asked to SIGKILL anything left, so a new round never overlaps the old one.
 * **Restart log** (:mod:`nvrx_lab.launcher.restart_log`): why, how fast detected, how fast respawned.
+* **The workers' environment, passed explicitly.** torchelastic hands each worker an environment
+  (``RANK``, ``MASTER_ADDR``, ...); the agent adds, per worker, where its rank monitor listens and, after
+  a restart, the failure it was for (:meth:`HeartbeatAgent._set_local_rank_env`), without writing them
+  into the launcher's own environment.
 * **No restart for a usage error.** A worker that exits 2 (:data:`~nvrx_lab.launcher.policy.USAGE_ERROR`,
   argparse's code for a bad flag) would fail the same way on every attempt: the group is stopped at
   once and the launcher exits 2.
@@ -29,7 +33,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import subprocess
 import time
@@ -43,7 +46,7 @@ from nvrx_lab.launcher.monitor import LAST_FAILURE_ENV, MonitorServer
 from nvrx_lab.launcher.policy import USAGE_ERROR, RestartPolicy, any_failed
 from nvrx_lab.launcher.restart_log import Failure, RestartLog, describe_exit
 from nvrx_lab.launcher.standby import Zygote
-from nvrx_lab.net import listen
+from nvrx_lab.net import listen, wait_for
 
 log = logging.getLogger(__name__)
 _STORE_KEY = "nvrx_lab/worker_store"
@@ -76,15 +79,14 @@ class HeartbeatAgent(LocalElasticAgent):
 
     def __init__(self, spec, logs_specs, monitors: MonitorServer, restart_log: RestartLog,
                  policy: RestartPolicy = any_failed, zygote: Zygote | None = None,
-                 start_method: str = "spawn", shutdown_timeout: int = 5, **kwargs):
-        super().__init__(spec, logs_specs, start_method=start_method, shutdown_timeout=shutdown_timeout, **kwargs)
-        os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "0"  # workers are clients of the agent's store
-        os.environ.update(monitors.env())  # inherited by the workers
+                 start_method: str = "spawn", shutdown_timeout: int = 5):
+        super().__init__(spec, logs_specs, start_method=start_method, shutdown_timeout=shutdown_timeout)
         _republish_bootstrap(spec.rdzv_handler)
         self.monitors, self.restart_log, self.policy, self.zygote = monitors, restart_log, policy, zygote
         self._round_store: TCPStore | None = None
         self._tolerated: set[int] = set()
         self._awaiting_ready = False
+        self._last_failure: str | None = None  # JSON for the next workers: the failure they restart from
         self.usage_error: Failure | None = None
         """The worker that exited with a usage error, if one did: the job stopped without a restart."""
 
@@ -115,6 +117,14 @@ class HeartbeatAgent(LocalElasticAgent):
             self.restart_log.restarted()
             self._awaiting_ready = True
         return ids
+
+    def _set_local_rank_env(self, worker_env: dict, local_rank: int, spec) -> None:
+        """torchelastic's per-worker environment (torch calls this for each worker it starts), and ours: where the
+        worker's rank monitor listens, and after a restart the failure it was for."""
+        super()._set_local_rank_env(worker_env, local_rank, spec)
+        worker_env.update(self.monitors.env())
+        if self._last_failure is not None:
+            worker_env[LAST_FAILURE_ENV] = self._last_failure
 
     def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
         super()._shutdown(death_sig, timeout)
@@ -148,22 +158,35 @@ class HeartbeatAgent(LocalElasticAgent):
                 lost.append(Failure(lr, workers[lr].global_rank, "hang", detail, detect_s=silent))
         return exits, lost
 
+    def _settle(self, workers) -> tuple[dict[int, int | None], list[Failure], dict[int, int]]:
+        """Exits and losses once the rest of the group has followed a failure (every worker failed, tolerated or
+        exited), or after :data:`SETTLE_S`; and the poll in which each failure was first seen."""
+        exits, lost = self._losses(workers)
+        seen = {f.local_rank: 0 for f in lost}
+        polls = 0
+
+        def settled() -> bool:
+            nonlocal exits, lost, polls
+            if polls:  # after the first look: look again
+                exits, lost = self._losses(workers)
+                for f in lost:
+                    seen.setdefault(f.local_rank, polls)
+            polls += 1
+            done = {f.local_rank for f in lost} | self._tolerated | {lr for lr, rc in exits.items() if rc is not None}
+            return not lost or len(done) == len(exits)
+
+        if lost:
+            try:
+                wait_for(settled, SETTLE_S, "the rest of the worker group to fail or exit", interval=0.01)
+            except TimeoutError:
+                pass  # a survivor stays up: act on what failed
+        return exits, lost, seen
+
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         if self._pcontext is None:
             raise AssertionError("no workers started")
         workers = worker_group.workers
-        exits, lost = self._losses(workers)
-        seen = {f.local_rank: 0 for f in lost}  # poll in which each failure was first seen
-        deadline, poll = time.monotonic() + SETTLE_S, 0
-        while lost and time.monotonic() < deadline:  # let the rest of the group follow (SETTLE_S)
-            settled = {f.local_rank for f in lost} | self._tolerated | {lr for lr, rc in exits.items() if rc is not None}
-            if len(settled) == len(exits):
-                break
-            time.sleep(0.01)
-            exits, lost = self._losses(workers)
-            poll += 1
-            for f in lost:
-                seen.setdefault(f.local_rank, poll)
+        exits, lost, seen = self._settle(workers)
         # the likely cause first: seen first, and a signal (nothing but a kill) before a hang or an error exit
         lost.sort(key=lambda f: (seen.get(f.local_rank, 0), ("signal", "hang", "exit").index(f.reason), f.local_rank))
         exited = {lr: rc for lr, rc in exits.items() if rc is not None}
@@ -198,8 +221,8 @@ class HeartbeatAgent(LocalElasticAgent):
             return RunResult(state=WorkerState.HEALTHY)
         nxt = self.restart_count + 1 if self._remaining_restarts > 0 else None
         self.restart_log.failure(lost, nxt)
-        first = lost[0]  # the likely cause: what the next workers say they recovered from (inherited environment)
-        os.environ[LAST_FAILURE_ENV] = json.dumps({"t": time.time() - (first.detect_s or 0.0), "rank": first.rank,
-                                                   "cause": first.reason})
+        first = lost[0]  # the likely cause: what the next workers say they recovered from (their environment)
+        self._last_failure = json.dumps({"t": time.time() - (first.detect_s or 0.0), "rank": first.rank,
+                                         "cause": first.reason})
         hung_only = all(f.reason == "hang" for f in lost)
         return RunResult(state=WorkerState.UNHEALTHY if hung_only else WorkerState.FAILED)

@@ -1,4 +1,4 @@
-"""The process torchelastic starts when standby workers are on: hand the job to a warm standby.
+"""The hand-over to a warm standby: the process torchelastic starts sends its job, a standby adopts it.
 
 ``python -u -s attach.py ZYGOTE_SOCK [-u] script.py args...`` (or ``-m module args...``). Standard
 library only, so it starts in tens of milliseconds. It passes its environment (RANK, LOCAL_RANK,
@@ -6,6 +6,10 @@ MASTER_ADDR, TORCHELASTIC_RESTART_COUNT, ...), argv, cwd and stdio to the zygote
 (:mod:`nvrx_lab.launcher.standby`), forwards SIGTERM/SIGINT/SIGHUP/SIGQUIT to the worker, and exits
 exactly as the worker did: same exit code, or killed by the same signal. If the zygote is not
 there yet (first start, still importing torch) it waits up to ``NVRX_LAB_ATTACH_TIMEOUT`` s.
+
+:func:`adopt` is the other end, run in a standby the zygote forked: it takes the job's stdio,
+environment and working directory, so that process *becomes* the worker torchelastic started, and
+runs the entrypoint. The job's message is defined here, once, for both ends.
 """
 
 import json
@@ -57,6 +61,51 @@ def main() -> int:
         os.kill(os.getpid(), status["signal"])
         time.sleep(1)
     return int(status.get("exit", 1))
+
+
+def adopt(sock: socket.socket) -> int:
+    """In a standby: receive a job (``main``'s message and stdio) on ``sock``, become that worker (its stdio, its
+    environment, its working directory) and run its entrypoint; returns its exit code."""
+    import runpy
+    import traceback
+
+    msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 3)
+    sock.close()
+    if not msg:
+        return 0
+    job = json.loads(msg)
+    for target, fd in zip((0, 1, 2), fds, strict=False):
+        os.dup2(fd, target)
+        os.close(fd)
+    env = job["env"]  # what torchelastic gave the attach process: this process becomes that worker
+    os.environ.clear()  # written, not read: the worker's code reads its own environment (launcher/client.py)
+    os.environ.update(env)
+    os.chdir(job["cwd"])
+    for stream in (sys.stdout, sys.stderr):
+        stream.reconfigure(line_buffering=True, write_through=True)
+    if "OMP_NUM_THREADS" in env and "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(int(env["OMP_NUM_THREADS"]))
+    argv = [a for a in job["argv"] if a not in ("-u", "-s")]
+    try:
+        if argv and argv[0] == "-m":
+            sys.argv = [argv[1], *argv[2:]]
+            sys.path.insert(0, os.getcwd())
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(argv)
+            sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
+            runpy.run_path(argv[0], run_name="__main__")
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if not isinstance(e.code, (int, type(None))):
+            print(e.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - the worker's own failure: print it as Python would
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return code
 
 
 if __name__ == "__main__":

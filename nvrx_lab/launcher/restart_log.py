@@ -5,25 +5,22 @@ People read (stderr)::
     [nvrx-lab-launch] worker group failed: rank 1 missed heartbeats for 3.0 s (timeout 3 s); restart 1/3
     [nvrx-lab-launch] restart 1/3: workers respawned in 0.41 s, all ranks beating after 1.02 s
 
-Programs read the run's event stream (:mod:`nvrx_lab.observe.events`, file from ``--metrics-file`` or
-``NVRX_LAB_METRICS``): ``launcher_failure`` (rank, local_rank, reason, exit_code, signal, detect_s,
-restart_count, max_restarts, action), ``launcher_restart`` (respawn_s: detection -> new workers
-started) and ``launcher_ready`` (ready_s: detection -> every local rank's first heartbeat).
+Programs read the run's event stream (:mod:`nvrx_lab.observe.events`, the file the launcher's command
+line names: ``--metrics-file``, else ``$NVRX_LAB_METRICS``): ``launcher_failure`` (rank, local_rank,
+reason, exit_code, signal, detect_s, restart_count, max_restarts, action), ``launcher_restart``
+(respawn_s: detection -> new workers started) and ``launcher_ready`` (ready_s: detection -> every local rank's first heartbeat).
 ``detect_s`` is the time from the fault's evidence to the launcher acting: the closed monitor socket
 of a dead worker, or the last heartbeat of a hung one.
 """
 
 from __future__ import annotations
 
-import os
 import signal as _signal
 import sys
 import time
 from dataclasses import dataclass
 
 from nvrx_lab.observe.events import EventLog
-
-METRICS_ENV = "NVRX_LAB_METRICS"
 
 
 @dataclass
@@ -64,7 +61,7 @@ class RestartLog:
     """Writes the human line and the JSON events for each failure and restart."""
 
     def __init__(self, metrics_file: str | None, max_restarts: int, stream=None):
-        self.events = EventLog(metrics_file or os.environ.get(METRICS_ENV) or None)
+        self.events = EventLog(metrics_file or None)
         self.max_restarts = max_restarts
         self.stream = stream or sys.stderr
         self.lines: list[str] = []

@@ -14,6 +14,7 @@ torch cannot be handed to ``Popen``, so the warm copy lives next to torchelastic
   replacement standby at once;
 * exit status flows back: the zygote reaps the worker and sends its exit code or signal to the
   attach process, which exits the same way, so torchelastic sees exactly what happened (``-9``).
+  Both ends of the hand-over (the job's message, sent and adopted) are in :mod:`~nvrx_lab.launcher.attach`.
   SIGTERM to the attach process is forwarded; if the attach process is SIGKILLed (the launcher's
   escalation), the zygote sees its socket close and SIGKILLs the worker. Standbys and workers die
   with the zygote (``PR_SET_PDEATHSIG``), the zygote with the launcher.
@@ -28,7 +29,6 @@ import ctypes
 import importlib
 import json
 import os
-import runpy
 import selectors
 import signal
 import socket
@@ -36,6 +36,7 @@ import subprocess
 import sys
 import traceback
 
+from nvrx_lab.launcher.attach import adopt
 from nvrx_lab.launcher.monitor import is_descendant, peer_credentials
 from nvrx_lab.net import wait_for
 
@@ -127,46 +128,11 @@ def _fork_standby() -> tuple[int, socket.socket]:
 
 
 def _standby(sock: socket.socket) -> int:
-    """In a forked child: wait for a job, adopt the attach process's stdio and env, run the entrypoint."""
+    """In a forked child: wait for a job, then become its worker (:func:`~nvrx_lab.launcher.attach.adopt`)."""
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
     _die_with_parent()
-    msg, fds, _, _ = socket.recv_fds(sock, MAX_MSG, 3)
-    sock.close()
-    if not msg:
-        return 0
-    job = json.loads(msg)
-    for target, fd in zip((0, 1, 2), fds, strict=False):
-        os.dup2(fd, target)
-        os.close(fd)
-    os.environ.clear()
-    os.environ.update(job["env"])
-    os.chdir(job["cwd"])
-    for stream in (sys.stdout, sys.stderr):
-        stream.reconfigure(line_buffering=True, write_through=True)
-    if "OMP_NUM_THREADS" in os.environ and "torch" in sys.modules:
-        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    argv = [a for a in job["argv"] if a not in ("-u", "-s")]
-    try:
-        if argv and argv[0] == "-m":
-            sys.argv = [argv[1], *argv[2:]]
-            sys.path.insert(0, os.getcwd())
-            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-        else:
-            sys.argv = list(argv)
-            sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
-            runpy.run_path(argv[0], run_name="__main__")
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        if not isinstance(e.code, (int, type(None))):
-            print(e.code, file=sys.stderr)
-    except BaseException:  # noqa: BLE001 - the worker's own failure: print it as Python would
-        traceback.print_exc()
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    return code
+    return adopt(sock)
 
 
 def serve(path: str, nstandby: int, preload: list[str]) -> None:

@@ -5,8 +5,8 @@ attempt it belongs to), ``fault`` (just before a fault is injected), and, depend
 ``restart`` (in-process: the phases of one restart on one rank, see
 :mod:`nvrx_lab.inprocess.restart_log`) or ``launcher_failure`` / ``launcher_ready`` (the launcher
 saw a rank fail / every rank beating again). Only the name of the attempt field differs: ``attempt``
-(:mod:`nvrx_lab.demo.recovery_worker`), ``iteration`` (:mod:`nvrx_lab.inprocess.demo_worker`), ``restart``
-(:mod:`nvrx_lab.launcher.demo_worker`, from ``TORCHELASTIC_RESTART_COUNT``).
+(:mod:`nvrx_lab.demo.recovery_worker`), ``iteration`` (:mod:`nvrx_lab.demo.inprocess_worker`), ``restart``
+(:mod:`nvrx_lab.demo.launcher_worker`, from ``TORCHELASTIC_RESTART_COUNT``).
 
 * :func:`recovery_times` — fault → every rank training again, per fault (the recovery benchmark's figure);
 * :func:`step_periods` — one rank's step to its next in the same attempt: what a step costs without a restart;

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from nvrx_lab.reliability import Row, timed
-from nvrx_lab.runner import Launcher, Value, run, trainer
+from nvrx_lab.runner import Launcher, Value, flags_of, flat, run, trainer
 
 RENDER = [sys.executable, "-m", "nvrx_lab.eks", "render"]
 
@@ -31,8 +31,9 @@ def train(**flags: Value) -> list[str]:
 
 
 def launch(**flags: Value) -> list[str]:
-    """The launcher with ``flags`` and one worker, ``x.py`` (never started: the flags are refused first)."""
-    return Launcher(nproc_per_node=1, **flags).argv(["x.py"])
+    """The launcher with ``flags`` and one worker, ``x.py`` (never started: the flags are refused first). The flags
+    are written as given: a bad value must reach the launcher's own parser (:class:`Launcher` would refuse it)."""
+    return [*Launcher.of(nproc_per_node=1).argv([]), *flat(flags_of(flags.items())), "x.py"]
 
 
 def snapshot(root: Path) -> dict[str, str]:

@@ -234,8 +234,7 @@ def permission_denied(work: Path, timeout: float = 120.0) -> Row:
         row.figures["ran_as"] = "uid 0 without CAP_DAC_OVERRIDE" if as_root else f"uid {os.geteuid()}"
         try:
             out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                                 preexec_fn=_without_mode_override() if as_root else None,
-                                 env={**os.environ, "OMP_NUM_THREADS": "1"})
+                                 preexec_fn=_without_mode_override() if as_root else None)
             text = out.stdout + out.stderr
         except (subprocess.SubprocessError, OSError) as e:
             text = f"{type(e).__name__}: {e}"

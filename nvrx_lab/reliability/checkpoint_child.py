@@ -25,15 +25,16 @@ the capabilities that let root ignore file modes. It prints one JSON line per tr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 from nvrx_lab.checkpoint import AsyncCheckpointer, CheckpointWriteError
+from nvrx_lab.net import wait_for
 
 
 def _numel(mib: float) -> int:
@@ -144,9 +145,8 @@ def readonly(folder: Path, mib: float = 0.5, bandwidth: float = 1 << 20) -> None
         # 2. read-only while the shards are written: the commit's rename is refused
         ckpt.config.write_bandwidth = bandwidth  # ~0.5 s of writing
         ckpt.async_save(state_at(4, mib), step=4)
-        deadline = time.monotonic() + 30
-        while not list(folder.glob(".tmp_step_00000004_*")) and time.monotonic() < deadline:
-            time.sleep(0.005)
+        with contextlib.suppress(TimeoutError):  # not there after 30 s: the checks below say what happened
+            wait_for(lambda: list(folder.glob(".tmp_step_00000004_*")), 30, "step 4's temporary folder", interval=0.005)
         folder.chmod(0o555)
         problems = [p for p in [_expect_denied(ckpt, 4, folder)] if p]
         ckpt.config.write_bandwidth = None
@@ -155,6 +155,7 @@ def readonly(folder: Path, mib: float = 0.5, bandwidth: float = 1 << 20) -> None
 
 
 def main(argv=None) -> None:
+    torch.set_num_threads(1)  # the parent and the next trainers share the two cores
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("program", choices=["trainer", "readonly"])
     p.add_argument("folder", type=Path)

@@ -27,6 +27,7 @@ inside its capped write (0 to 0.7 of its shortest duration after ``async_save`` 
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import queue
@@ -42,6 +43,7 @@ import psutil
 
 from nvrx_lab.checkpoint import AsyncCheckpointer, CheckpointError, CheckpointWriterDied, committed_steps, step_dir, verify
 from nvrx_lab.checkpoint.staging import shm_dir
+from nvrx_lab.net import wait_for
 from nvrx_lab.reliability import Row, logger_at, timed
 from nvrx_lab.reliability.checkpoint_child import blank, fresh, holds_step, state_at, stray
 
@@ -63,10 +65,10 @@ def _alive(pid: int) -> bool:
 
 
 def _gone_after(pid: int, limit: float) -> float:
-    """Seconds until ``pid`` is gone (``limit`` if it is still there then)."""
+    """Seconds until ``pid`` is gone (about ``limit`` if it is still there then)."""
     t0 = time.monotonic()
-    while _alive(pid) and time.monotonic() - t0 < limit:
-        time.sleep(0.005)
+    with contextlib.suppress(TimeoutError):
+        wait_for(lambda: not _alive(pid), limit, f"process {pid} to exit", interval=0.005)
     return time.monotonic() - t0
 
 
@@ -77,7 +79,7 @@ class _Trainer:
         cmd = [sys.executable, "-m", "nvrx_lab.reliability.checkpoint_child", "trainer", str(folder),
                "--mib", str(mib), "--bandwidth", str(bandwidth)]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                                     text=True, start_new_session=True)
         self.lines: list[str] = []
         self.reaped = False
         self._queue: queue.Queue = queue.Queue()

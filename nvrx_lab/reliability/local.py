@@ -41,17 +41,12 @@ REPLICA_CASES = {  # case: (what ranks 0, 1 and 2 restore, why rank 0's replica 
 }
 
 
-GRACE = {"NVRX_LAB_LOCAL_GRACE_S": "300"}
-"""The node janitor's grace: the copies outlive a killed job until the next one holds them."""
-
-
 def _start(mode: str, work: Path, mib: float) -> list[subprocess.Popen]:
     """The :mod:`.local_child` ranks, each a process session of its own (so a SIGKILL can land mid-save)."""
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(WORLD),
-           "OMP_NUM_THREADS": "1", **GRACE}
-    cmd = [sys.executable, "-m", "nvrx_lab.reliability.local_child", str(work), mode, str(mib)]
-    return [subprocess.Popen(cmd, env={**env, "RANK": str(r)}, start_new_session=True, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True) for r in range(WORLD)]
+    cmd = [sys.executable, "-m", "nvrx_lab.reliability.local_child", str(work), mode, str(mib), str(free_port()),
+           str(WORLD)]
+    return [subprocess.Popen([*cmd, str(r)], start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True) for r in range(WORLD)]
 
 
 def _kill(procs: list[subprocess.Popen]) -> None:
@@ -121,7 +116,7 @@ def damaged_replica(work: Path, rounds: int = 1) -> Row:
     with timed(row):
         for i in range(rounds):
             res = torchrun(3, "-m", "nvrx_lab.reliability.local_replica", str(Path(work) / f"round{i}"), *REPLICA_CASES,
-                           timeout=120, env=GRACE)
+                           timeout=120)
             for case, (expected, reason) in REPLICA_CASES.items():
                 folder = Path(work) / f"round{i}" / case
                 got = tuple((folder / f"result.{r}").read_text() if (folder / f"result.{r}").exists() else "missing"

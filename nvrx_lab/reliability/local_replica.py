@@ -18,7 +18,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from nvrx_lab.checkpoint.local import LocalCheckpointer
-from nvrx_lab.reliability.local_child import Blob
+from nvrx_lab.reliability.local_child import GRACE_S, Blob
 
 
 def main(work: str, cases: list[str]) -> None:
@@ -31,7 +31,7 @@ def main(work: str, cases: list[str]) -> None:
 def run_case(work: Path, case: str, rank: int) -> None:
     node = work / f"node{rank}"
     world = dist.get_world_size()
-    ckpt = LocalCheckpointer(node, run="run-1", rank=rank, world=world, local_world=1)
+    ckpt = LocalCheckpointer(node, run="run-1", rank=rank, world=world, local_world=1, grace_s=GRACE_S)
     for step in (1, 2, 3):
         ckpt.save(Blob(1000, 10 * rank + step).state_dict(), step)
     ckpt.wait()
@@ -50,7 +50,7 @@ def run_case(work: Path, case: str, rank: int) -> None:
             for manifest in manifests:
                 manifest.write_text(manifest.read_text().replace('"run-1"', '"run-0"'))
     dist.barrier()
-    again = LocalCheckpointer(node, run="run-1", rank=rank, world=world, local_world=1)
+    again = LocalCheckpointer(node, run="run-1", rank=rank, world=world, local_world=1, grace_s=GRACE_S)
     state = Blob(1000, -1.0)
     got = again.restore(state, storage_step=None)
     ok = got is None or float(state.sd["w"][0]) == 10 * rank + got.step

@@ -4,13 +4,13 @@
 Three cases of the reliability suite (:mod:`nvrx_lab.reliability`), each a real job of 2 ranks
 over gloo, judged from its event stream and from the process table only:
 
-* :func:`inprocess_soak` — :mod:`nvrx_lab.inprocess.demo_worker` under the in-process
+* :func:`inprocess_soak` — :mod:`nvrx_lab.demo.inprocess_worker` under the in-process
   :class:`~nvrx_lab.inprocess.Wrapper`; rank 1 raises in every attempt, so the same two processes
   restart ``restarts`` times until ``max_iterations`` stops them. Threads and open fds must stay
   flat and RSS within +5 % (an early attempt after warm-up against the last), every restart must
   be logged by both ranks.
 * :func:`launcher_soak` — ``python -m nvrx_lab.launcher`` running
-  :mod:`nvrx_lab.launcher.demo_worker`; rank 1 is SIGKILLed or hangs in every attempt (a seeded
+  :mod:`nvrx_lab.demo.launcher_worker`; rank 1 is SIGKILLed or hangs in every attempt (a seeded
   shuffle of both kinds) for ``restarts`` attempts, then the job finishes. Every fault must be
   followed by both ranks training in the next attempt, the job must exit 0.
 * :func:`long_section_no_false_hang` — a legitimate ``phase_s`` pause inside a section whose
@@ -34,6 +34,7 @@ from pathlib import Path
 import psutil
 
 from nvrx_lab import runner
+from nvrx_lab.net import wait_for
 from nvrx_lab.observe.events import read_events
 from nvrx_lab.reliability import Row, timed
 from nvrx_lab.runner import Launcher, Spawn, Worker
@@ -61,8 +62,11 @@ def _orphans(run_id: str, grace: float = LINGER_S) -> tuple[list[str], float]:
     """Wait up to ``grace`` s for the run's processes to exit; ``(survivors, seconds waited)``.
     Survivors are described (pid and command line) and then SIGKILLed."""
     t0 = time.monotonic()
-    while (left := _marked(run_id)) and time.monotonic() - t0 < grace:
-        time.sleep(0.1)
+    try:
+        wait_for(lambda: not _marked(run_id), grace, "the run's processes to exit", interval=0.1)
+    except TimeoutError:
+        pass
+    left = _marked(run_id)
     waited = time.monotonic() - t0
     described = []
     for p in left:
@@ -135,7 +139,7 @@ def inprocess_soak(work: Path, restarts: int = 100) -> Row:
               "the limit stops the job; error lines not repeated per restart; no process left")
     with timed(row):
         limit = 60 + 1.5 * restarts
-        cmd = Spawn(2, timeout=limit).argv(Worker.of("nvrx_lab.inprocess.demo_worker", steps=3, step_time=0,
+        cmd = Spawn(2, timeout=limit).argv(Worker.of("nvrx_lab.demo.inprocess_worker", steps=3, step_time=0,
                                                      faults="1:*:1:exception", max_iterations=restarts + 1,
                                                      resources=True, events=ev))
         run = _run(cmd, work, "inprocess", timeout=limit + 10)
@@ -181,12 +185,12 @@ def inprocess_soak(work: Path, restarts: int = 100) -> Row:
 def _launcher_cmd(ev: Path, heartbeat_timeout: float, launcher_flags: dict, worker_flags: list[str]) -> list[str]:
     launcher = Launcher.local(2, monitor_interval=0.1, shutdown_timeout=2, heartbeat_timeout=heartbeat_timeout,
                               initial_heartbeat_timeout=60, metrics_file=ev, **launcher_flags)
-    return launcher.argv(Worker.of("nvrx_lab.launcher.demo_worker", *worker_flags, metrics=ev))
+    return launcher.argv(Worker.of("nvrx_lab.demo.launcher_worker", *worker_flags, metrics=ev))
 
 
 def fault_plan(restarts: int, seed: int = 0) -> list[str]:
-    """``restarts`` fault kinds, half ``kill`` and half ``hang``, in a seeded order."""
-    kinds = [("kill", "hang")[i % 2] for i in range(restarts)]
+    """``restarts`` fault kinds, half ``sigkill`` and half ``hang``, in a seeded order."""
+    kinds = [("sigkill", "hang")[i % 2] for i in range(restarts)]
     random.Random(seed).shuffle(kinds)
     return kinds
 
@@ -204,10 +208,9 @@ def launcher_soak(work: Path, restarts: int = 50, seed: int = 0, heartbeat_timeo
     row = Row(f"launcher: {restarts} restarts (SIGKILL and hang, seed {seed})",
               "every fault followed by both ranks training in the next attempt; exit 0; no process left")
     with timed(row):
-        plan = ",".join(f"{r}:{k}" for r, k in enumerate(kinds))
+        plan = ",".join(f"1:{r}:2:{k}" for r, k in enumerate(kinds))  # rank 1, step 2 of attempt r
         cmd = _launcher_cmd(ev, heartbeat_timeout, dict(max_restarts=restarts),
-                            ["--steps", "4", "--step-time", "0.02", "--fault-rank", "1", "--fault-step", "2",
-                             "--fault-plan", plan, "--pg-timeout", "30"])
+                            ["--steps", "4", "--step-time", "0.02", "--faults", plan, "--pg-timeout", "30"])
         run = _run(cmd, work, "launcher", timeout=60 + restarts * (heartbeat_timeout + 10))
         events = read_events(ev)
         first_step: dict[tuple[int, int], float] = {}
@@ -217,11 +220,11 @@ def launcher_soak(work: Path, restarts: int = 50, seed: int = 0, heartbeat_timeo
         faults = {e["restart"]: e for e in events if e["kind"] == "fault" and e["rank"] == 1}
         blamed = {(e["restart_count"], e["reason"], e["signal"]) for e in events
                   if e["kind"] == "launcher_failure" and e["rank"] == 1}
-        recovery: dict[str, list[float]] = {"kill": [], "hang": []}
+        recovery: dict[str, list[float]] = {"sigkill": [], "hang": []}
         for r, kind in enumerate(kinds):
             f = faults.get(r)
             back = [first_step.get((r + 1, rank)) for rank in (0, 1)]
-            want = (r + 1, "signal", "SIGKILL") if kind == "kill" else (r + 1, "hang", None)
+            want = (r + 1, "signal", "SIGKILL") if kind == "sigkill" else (r + 1, "hang", None)
             ok = f is not None and f["fault"] == kind and None not in back and want in blamed
             if row.check(ok, f"attempt {r} ({kind}): fault event {f is not None}, blamed {want in blamed}, "
                              f"both ranks back {None not in back}"):
@@ -232,7 +235,7 @@ def launcher_soak(work: Path, restarts: int = 50, seed: int = 0, heartbeat_timeo
         row.check(not run["orphans"], f"processes left after {run['linger_s']:.0f} s: {run['orphans'][:3]}")
         row.figures = {
             "recovered": sum(len(v) for v in recovery.values()), "restarts": restarts,
-            "recovery_median_s_kill": _median(recovery["kill"]), "recovery_median_s_hang": _median(recovery["hang"]),
+            "recovery_median_s_kill": _median(recovery["sigkill"]), "recovery_median_s_hang": _median(recovery["hang"]),
             "orphans": len(run["orphans"]), "linger_s": round(run["linger_s"], 2), "job_s": round(run["wall_s"], 1),
         }
     return row
@@ -249,8 +252,8 @@ def long_section_no_false_hang(work: Path, phase_s: float = 10, heartbeat_timeou
     row = Row(f"launcher: {phase_s:g} s phase in a section, heartbeat timeout {heartbeat_timeout:g} s",
               "inside the section: no restart, exit 0; control outside it: a hang; no process left")
     with timed(row):
-        slow = ["--steps", "5", "--step-time", "0.05", "--fault", "slow", "--fault-step", "2",
-                "--slow-s", str(phase_s), "--pg-timeout", str(phase_s + 60)]
+        slow = ["--steps", "5", "--step-time", "0.05", "--faults", f"*:0:2:pause:{phase_s:g}",
+                "--pg-timeout", str(phase_s + 60)]
         runs = {}
         for name, launcher_flags, worker_flags in (
                 ("section", dict(section_timeouts=f"checkpoint={2 * phase_s:g}"), ["--section", "checkpoint"]),

@@ -23,13 +23,12 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from nvrx_lab.train.hooks import Hooks
+from nvrx_lab.train.hooks import Attempt, Hooks
 
+from .config import ACTIONS, StragglerConfig
 from .detector import Detector
 from .scores import THRESHOLD, Report
 from .timers import ComputeTimer
-
-ACTIONS = ("report", "restart")
 
 
 class StragglerDetected(RuntimeError):
@@ -38,14 +37,6 @@ class StragglerDetected(RuntimeError):
 
 class StragglerError(RuntimeError):
     """The straggler's health check: it leaves the job at the restart."""
-
-
-def cpu_group() -> dist.ProcessGroup | None:
-    """The group for the exchange: the default one when it carries CPU tensors (gloo, or
-    ``cpu:gloo,cuda:nccl``), else a new gloo group (a collective: every rank creates it)."""
-    if not dist.is_initialized() or "gloo" in str(dist.get_backend()):
-        return None
-    return dist.new_group(backend="gloo")
 
 
 class StragglerHooks(Hooks):
@@ -68,10 +59,17 @@ class StragglerHooks(Hooks):
         self.warm = False
         """Whether this attempt's first step is over (it is not timed: see :meth:`after_step`)."""
 
-    def start(self) -> None:
-        """Each attempt: a fresh detector on the attempt's group (ranks and world size may have changed)."""
-        self.rank = dist.get_rank() if dist.is_initialized() else 0
-        self.detector = Detector(self.interval, self.threshold, cpu_group(), patience=self.patience)
+    @classmethod
+    def from_config(cls, config: StragglerConfig, emit: Callable[..., None] | None = None,
+                    device: torch.device | None = None) -> StragglerHooks:
+        return cls(config.interval, config.threshold, config.action, emit=emit, device=device)
+
+    def start(self, attempt: Attempt | None = None) -> None:
+        """Each attempt: a fresh detector on the attempt's CPU group (ranks and world size may have changed);
+        without an attempt (a single process, a test), this process alone."""
+        self.rank = attempt.rank if attempt is not None else 0
+        group = attempt.cpu_group if attempt is not None and dist.is_initialized() else None
+        self.detector = Detector(self.interval, self.threshold, group, patience=self.patience)
         self.timer.discard()
         self.timer.install()
         self.warm = False

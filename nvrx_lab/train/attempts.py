@@ -16,26 +16,26 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
-from nvrx_lab.dist import DistContext, env_rank, init_distributed, join_group_threads, pick_device, shutdown
+from nvrx_lab.checkpoint import CheckpointManager
+from nvrx_lab.dist import DistContext, LaunchEnv, init_distributed, join_group_threads, pick_device, shutdown
 from nvrx_lab.observe.events import EventLog
 from nvrx_lab.train import layers
 from nvrx_lab.train.config import TrainConfig
-from nvrx_lab.train.hooks import ComposeHooks, Hooks
-from nvrx_lab.train.resume import Recovering
+from nvrx_lab.train.hooks import Attempt, ComposeHooks, Hooks, Recovering
+from nvrx_lab.train.launcher_hooks import launcher_recovering
 
-Body = Callable[[DistContext, object, Hooks], dict]
+Body = Callable[[Attempt, CheckpointManager | None, Hooks], dict]
 
 
-def run_plain(cfg: TrainConfig, events: EventLog, hooks: Hooks, body: Body) -> dict:
+def run_plain(cfg: TrainConfig, launch: LaunchEnv, events: EventLog, hooks: Hooks, body: Body) -> dict:
     """One attempt; the process group and checkpointer live as long as it does."""
-    ctx = init_distributed(cfg.device, cfg.pg_timeout)
-    ctx.first_start = layers.launcher_restart_count() == 0
-    ctx.recovering = layers.launcher_recovering()
+    ctx = init_distributed(launch, cfg.device, cfg.pg_timeout)
+    attempt = Attempt(ctx, events, first_start=launch.restart_count == 0, recovering=launcher_recovering(launch))
     checkpointer = layers.make_checkpointer(cfg, ctx, events)
     clean = False
     try:
-        hooks.start()
-        summary = body(ctx, checkpointer, hooks)
+        hooks.start(attempt)
+        summary = body(attempt, checkpointer, hooks)
         clean = True
         return summary
     finally:
@@ -63,41 +63,45 @@ class AttemptHooks(Hooks):
         self.cw.record("reload_s", load_s)
 
 
-def run_inprocess(cfg: TrainConfig, events: EventLog, hooks: Hooks, body: Body) -> dict:
+def recovering(cw) -> Recovering | None:
+    """What the wrapper saw of the fault that began this attempt (None in the first)."""
+    restart = cw.last_restart
+    return None if restart is None or restart.t_fault is None else Recovering(restart.t_fault, restart.fault_rank,
+                                                                             restart.cause)
+
+
+def run_inprocess(cfg: TrainConfig, launch: LaunchEnv, events: EventLog, hooks: Hooks, body: Body) -> dict:
     """Attempts inside :class:`nvrx_lab.inprocess.Wrapper` until one finishes or the wrapper gives up.
 
     The process group comes from the wrapper (its sockets are what an abort cuts); rank and world size
     come from the wrapper too, since they change when a rank is lost. On GPUs one group serves both
     devices (``cpu:gloo,cuda:nccl``), so the abort reaches the CPU-side collectives as well. The
-    checkpointer outlives attempts: one writer process, rebound to each new group."""
+    checkpointer outlives attempts: one writer process, rebound to each new group. The layers' health checks
+    are hooks (a persistent straggler's); a poisoned CUDA context's comes with the wrapper's default."""
     from nvrx_lab.inprocess import CallWrapper, Compose, Wrapper, default_health_check
 
-    _, _, local_rank = env_rank()
-    device = pick_device(cfg.device, local_rank)
+    device = pick_device(cfg.device, launch.local_rank)
     persistent: dict = {}
-    # a poisoned CUDA context leaves instead of retrying; so does a persistent straggler (--straggler-action restart)
-    checks = [c for c in (default_health_check(device), *layers.health_checks(hooks)) if c is not None]
+    checks = [c for c in (default_health_check(device), hooks.health_check) if c is not None]
+    r = cfg.restart
 
-    @Wrapper(soft_timeout=cfg.soft_timeout, hard_timeout=cfg.hard_timeout, max_iterations=cfg.max_iterations,
-             min_world_size=cfg.min_world_size, pg_timeout=cfg.pg_timeout, emit=events.emit,
-             health_check=Compose(*checks) if checks else None)
+    @Wrapper(soft_timeout=r.soft_timeout, hard_timeout=r.hard_timeout, max_iterations=r.max_iterations,
+             min_world_size=r.min_world_size, pg_timeout=cfg.pg_timeout, emit=events.emit, health_check=Compose(*checks))
     def attempt(cw: CallWrapper) -> dict:
         if device.type == "cuda":
             cw.init_process_group(backend="cpu:gloo,cuda:nccl", device_id=device)
         else:
             cw.init_process_group(backend="gloo")
         cw.ping()  # joining the group is progress: the soft timeout counts from here
-        restart = cw.last_restart
-        ctx = DistContext(cw.rank, cw.world_size, local_rank, device, dist.group.WORLD,
-                          first_start=restart is None and layers.launcher_restart_count() == 0,
-                          recovering=None if restart is None or restart.t_fault is None else
-                          Recovering(restart.t_fault, restart.fault_rank, restart.cause))
+        ctx = DistContext(cw.rank, cw.world_size, launch.local_rank, device, dist.group.WORLD, launch)
+        now = Attempt(ctx, events, cw.iteration, first_start=cw.last_restart is None and launch.restart_count == 0,
+                      recovering=recovering(cw))
         if "ckpt" not in persistent:
             persistent["ckpt"] = layers.make_checkpointer(cfg, ctx, events)
         elif persistent["ckpt"] is not None:
             persistent["ckpt"].rebind(ctx.cpu_group)
-        hooks.start()
-        summary = body(ctx, persistent["ckpt"], ComposeHooks(AttemptHooks(cw), hooks))  # atomic outermost
+        hooks.start(now)
+        summary = body(now, persistent["ckpt"], ComposeHooks(AttemptHooks(cw), hooks))  # atomic outermost
         cw.ping()
         return summary
 
@@ -109,8 +113,8 @@ def run_inprocess(cfg: TrainConfig, events: EventLog, hooks: Hooks, body: Body) 
     finally:
         hooks.close()
         if (ckpt := persistent.pop("ckpt", None)) is not None:
-            if not clean and getattr(ckpt, "local", None):  # the wrapper gave up: a launcher may restart us
-                ckpt.local.close(keep=True)
+            if not clean:  # the wrapper gave up: a launcher may restart us, and restore from the node's copies
+                ckpt.keep_local()
             ckpt.close()
             del ckpt  # it held the last attempt's group: now its threads can be joined
         if clean:

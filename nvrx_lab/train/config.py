@@ -1,20 +1,72 @@
-"""The trainer's flags: one dataclass, one ``--flag`` per field (help from the docstring under it).
+"""The trainer's flags: one settings object, composed of the components' own (as torchtitan's job config is).
 
-``TrainConfig`` extends the model's :class:`~nvrx_lab.train.model.ModelConfig` with the run's knobs; tiny
-defaults train in seconds on 2 CPU cores. :func:`check_config` rejects what no process could train.
+:class:`TrainConfig` holds the run's knobs and one section per component, each defined once, in the
+component that consumes it, and handed to it whole (no translation in between):
+
+* ``model`` — :class:`~nvrx_lab.train.model.ModelConfig` (``--dim``, ``--n-layers``, ...);
+* ``checkpoint`` — :class:`~nvrx_lab.checkpoint.CheckpointConfig` (``--ckpt``, ``--ckpt-interval``, ``--ckpt-dir``,
+  ``--ckpt-writer-*``, ``--local-ckpt-*``), read by :class:`~nvrx_lab.checkpoint.CheckpointManager`;
+* ``restart`` — :class:`RestartConfig` (``--restart``, and the in-process wrapper's ``--soft-timeout``, ...);
+* ``straggler`` — :class:`~nvrx_lab.straggler.config.StragglerConfig` (``--straggler-*``);
+* ``faults`` — :class:`~nvrx_lab.faults.FaultConfig` (``--faults``);
+* ``replicas`` — :class:`~nvrx_lab.replicas.config.ReplicaConfig` (``--coordinator``, ``--replica-id``, ...).
+
+Every field is one ``--flag`` (help from the docstring under it; a section's fields carry their flag names),
+and the whole object loads alike from flags (``TrainConfig.from_args``), keyword arguments named after the
+flags (``TrainConfig.from_kwargs(ckpt_interval=5)``) and a YAML file of the same keys. A section checks its
+own values when it is built; :func:`check_config` rejects what no process could train at this world size.
+Tiny defaults train in seconds on 2 CPU cores.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field
 from typing import Literal
 
+from nvrx_lab.checkpoint.manager import CheckpointConfig
+from nvrx_lab.cli import Settings
+from nvrx_lab.faults import FaultConfig
+from nvrx_lab.replicas.config import ReplicaConfig
+from nvrx_lab.straggler.config import StragglerConfig
 from nvrx_lab.train.model import ModelConfig
 
 
 @dataclass
-class TrainConfig(ModelConfig):
-    """Every flag of ``python -m nvrx_lab.train``: the model's (:class:`ModelConfig`), then the run's."""
+class RestartConfig(Settings):
+    """Recovery: which restart layers join the run, and the in-process wrapper's limits (``Wrapper``'s names)."""
+
+    mode: Literal["none", "inprocess", "launcher", "launcher+inprocess", "replicas"] = field(
+        default="none", metadata={"flag": "restart"})
+    """Recovery: inprocess (restart the training function in the same processes), launcher (heartbeats to
+    nvrx_lab.launcher, which replaces dead or hung workers), both, or replicas (this torchrun job is one replica
+    group of several: a failed group leaves the step's quorum and the others go on; nvrx_lab.replicas)."""
+    soft_timeout: float = 30.0
+    """In-process restart: seconds without progress before a rank is interrupted and restarted."""
+    hard_timeout: float = 60.0
+    """In-process restart: seconds without progress before a rank is killed and the others go on."""
+    max_iterations: int = 10
+    """In-process restart: restarts allowed before the job gives up."""
+    min_world_size: int = 1
+    """In-process restart: fewest ranks to go on with after a rank is lost."""
+
+    def __post_init__(self):
+        if not 0 < self.soft_timeout <= self.hard_timeout:
+            raise ValueError(f"need 0 < --soft-timeout ({self.soft_timeout}) <= --hard-timeout ({self.hard_timeout})")
+        if self.max_iterations < 1 or self.min_world_size < 1:
+            raise ValueError("--max-iterations and --min-world-size must be >= 1")
+
+    @property
+    def inprocess(self) -> bool:
+        return self.mode.endswith("inprocess")
+
+    @property
+    def launcher(self) -> bool:
+        return self.mode.startswith("launcher")
+
+
+@dataclass
+class TrainConfig(Settings):
+    """Every flag of ``python -m nvrx_lab.train``: the run's, then each component's section."""
 
     steps: int = 20
     """Optimizer steps to run in total (a resumed run stops at the same step)."""
@@ -47,85 +99,39 @@ class TrainConfig(ModelConfig):
     """Event stream (JSON lines: steps, saves, faults, restarts); empty = none."""
     log_every: int = 5
     """Print a progress line every N steps on rank 0 (0 = never)."""
-    ckpt: Literal["none", "sync", "async"] = "none"
-    """Checkpointing: none, sync (blocks every rank on storage) or async (stage, return, write in the background)."""
-    ckpt_interval: int = 10
-    """Save every N steps."""
-    ckpt_dir: str = ""
-    """Folder of the checkpoints (shared by all ranks); a run resumes from its newest committed checkpoint."""
-    ckpt_keep: int = 3
-    """Committed checkpoints to keep."""
-    ckpt_wait_writer: bool = False
-    """Async: wait for the writer process (~2 s to import torch) before the first step of a run that starts
-    from scratch (a resumed attempt trains at once, as a real job's would: its writer is up long before the next
-    interval ends). Without it no save ever waits; one taken while the writer starts is held, and a newer one
-    replaces it."""
-    ckpt_write_bandwidth: float = 0.0
-    """Cap on each rank's write speed in bytes/s, a stand-in for a loaded shared filesystem (0 = no cap)."""
-    ckpt_writer_nice: int = 0
-    """Async: niceness the writer process adds to the trainer's, 0..19 (0 = training's CPU priority; 10 yields
-    the cores to the ranks: nvrx_lab.checkpoint.priority)."""
-    ckpt_writer_ionice: str = "none"
-    """Async: the writer's I/O class: best-effort:0 .. best-effort:7 (lowest), idle, or none (inherit)."""
-    ckpt_writer_cpus: str = ""
-    """Async: cores the writer processes run on, e.g. 90,91 (empty = the trainer's)."""
-    ckpt_writer_policy: str = "batch"
-    """Async: the writer's scheduling policy: batch (its wake-ups never preempt a rank), normal, or idle."""
-    local_ckpt_interval: int = 0
-    """Local checkpoints every N steps (0 = off): each rank's state in node memory, replicated to the same local
-    rank of the next node, restored from the nearest copy after a fault (nvrx_lab.checkpoint.local). Needs
-    --ckpt sync|async: storage checkpoints stay the durable fallback."""
-    local_ckpt_dir: str = "/dev/shm/nvrx_lab_local"
-    """Node-local, memory-backed folder of the local checkpoints (one subfolder per checkpoint folder)."""
-    restart: Literal["none", "inprocess", "launcher", "launcher+inprocess"] = "none"
-    """Recovery: inprocess (restart the training function in the same processes), launcher (heartbeats to
-    nvrx_lab.launcher, which replaces dead or hung workers), or both."""
-    soft_timeout: float = 30.0
-    """In-process restart: seconds without progress before a rank is interrupted and restarted."""
-    hard_timeout: float = 60.0
-    """In-process restart: seconds without progress before a rank is killed and the others go on."""
-    max_iterations: int = 10
-    """In-process restart: restarts allowed before the job gives up."""
-    min_world_size: int = 1
-    """In-process restart: fewest ranks to go on with after a rank is lost."""
-    faults: str = ""
-    """Deterministic faults RANK:STEP:KIND[:PHASE],... (kinds: exception, hang, sigkill, oom; phases: step, save,
-    load) or RANK:STEP:slow:FACTOR (the rank computes FACTOR times slower from then on); each fires once."""
-    straggler_interval: int = 0
-    """Straggler detection: every N steps the ranks exchange their compute times and score each other
-    (nvrx_lab.straggler); 0 = off."""
-    straggler_threshold: float = 0.8
-    """Straggler detection: a rank whose speed relative to the fastest rank (1.0 = fastest) is below this is
-    reported; in (0, 1]."""
-    straggler_action: Literal["report", "restart"] = "report"
-    """Straggler detection: report (an event and a console line), or restart (a rank reported twice in a row
-    leaves the job at an in-process restart; needs --restart inprocess)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The model's shape (nvrx_lab.train.model)."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """Checkpoints: storage and local (nvrx_lab.checkpoint.manager)."""
+    restart: RestartConfig = field(default_factory=RestartConfig)
+    """Recovery from faults: in-process restart and the launcher."""
+    straggler: StragglerConfig = field(default_factory=StragglerConfig, metadata={"flag_prefix": "straggler-"})
+    """Straggler detection (nvrx_lab.straggler)."""
+    faults: FaultConfig = field(default_factory=FaultConfig)
+    """Injected faults (nvrx_lab.faults)."""
+    replicas: ReplicaConfig = field(default_factory=ReplicaConfig)
+    """Replica groups (--restart replicas; nvrx_lab.replicas)."""
 
-
-def model_config(cfg: TrainConfig) -> ModelConfig:
-    return ModelConfig(**{f.name: getattr(cfg, f.name) for f in fields(ModelConfig)})
+    def __post_init__(self):
+        if self.steps < 0:
+            raise ValueError(f"--steps must be >= 0, got {self.steps}")
+        if self.straggler.action == "restart" and not self.restart.inprocess:
+            raise ValueError(f"--straggler-action restart needs --restart inprocess or launcher+inprocess (got --restart "
+                             f"{self.restart.mode}): the straggler leaves at an in-process restart")
+        if self.restart.mode == "replicas":
+            if not self.replicas.coordinator:
+                raise ValueError("--restart replicas needs --coordinator HOST:PORT "
+                                 "(python -m nvrx_lab.replicas.coordinator)")
+            if self.checkpoint.enabled or self.checkpoint.local_interval:
+                raise ValueError("--restart replicas keeps the state in the live replicas and saves no checkpoints "
+                                 "(yet): use --ckpt none and no --local-ckpt-interval")
+            if self.straggler.interval:
+                raise ValueError("--restart replicas has no straggler detection (yet): leave --straggler-interval 0")
+        elif self.replicas.coordinator:
+            raise ValueError(f"--coordinator is for --restart replicas (got --restart {self.restart.mode})")
 
 
 def check_config(cfg: TrainConfig, world_size: int) -> None:
-    if cfg.steps < 0:
-        raise ValueError(f"--steps must be >= 0, got {cfg.steps}")
+    """What no process could train at ``world_size`` ranks (the rest each section checked when it was built)."""
     if cfg.global_batch % world_size:
         raise ValueError(f"--global-batch {cfg.global_batch} does not divide by the world size {world_size}")
-    if cfg.dim % cfg.n_heads or (cfg.dim // cfg.n_heads) % 2:
-        raise ValueError(f"--dim {cfg.dim} / --n-heads {cfg.n_heads} must give an even head size")
-    check_straggler(cfg)
-
-
-def check_straggler(cfg: TrainConfig) -> None:
-    if cfg.straggler_interval < 0:
-        raise ValueError(f"--straggler-interval {cfg.straggler_interval} must be >= 0 steps (0 = off)")
-    if not 0.0 < cfg.straggler_threshold <= 1.0:
-        raise ValueError(f"--straggler-threshold {cfg.straggler_threshold} must be in (0, 1] (a rank's speed "
-                         "relative to the fastest rank's, below which it is reported)")
-    if cfg.straggler_action not in ("report", "restart"):
-        raise ValueError(f"--straggler-action {cfg.straggler_action!r} must be report or restart")
-    if cfg.straggler_action == "restart" and not cfg.restart.endswith("inprocess"):
-        raise ValueError(f"--straggler-action restart needs --restart inprocess or launcher+inprocess (got --restart "
-                         f"{cfg.restart}): the straggler leaves at an in-process restart")
-    if cfg.straggler_action == "restart" and not cfg.straggler_interval:
-        raise ValueError("--straggler-action restart needs --straggler-interval N > 0 (detection is off)")

@@ -11,10 +11,10 @@ Two ranks on CPU (gloo), or eight GPUs of a p5 node (NCCL) with the very same co
 Multi-node: torchrun's ``--nnodes N --rdzv-backend c10d --rdzv-endpoint HOST:PORT``, or
 ``python -m nvrx_lab.launcher`` (in-job restarts). Every flag comes from :class:`TrainConfig`.
 
-:func:`train` is one attempt: build, resume, step, save. The layers join it through one
-:class:`~nvrx_lab.train.hooks.Hooks` object and a checkpointer; :mod:`nvrx_lab.train.layers` builds both from the
-flags, and :mod:`nvrx_lab.train.attempts` runs the attempt plainly or inside the in-process restart wrapper.
-Same seed and world size give the same loss curve bit for bit; a resumed run continues it exactly.
+:func:`main` reads what the launcher said (:class:`~nvrx_lab.dist.LaunchEnv`, once), checks the flags (a usage
+error is one ``error:`` line and exit 2, which no launcher retries), begins or continues the run, and hands the
+attempt (:func:`nvrx_lab.train.loop.train`) to :mod:`nvrx_lab.train.attempts`. A peer lost, a rank sent away or
+a Ctrl-C is one line too.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import torch
 
 from nvrx_lab.checkpoint import CheckpointError
 from nvrx_lab.cli import parse_dataclass
-from nvrx_lab.dist import env_rank, peer_lost
+from nvrx_lab.dist import LaunchEnv, export_env, peer_lost
 from nvrx_lab.observe.events import EventLog, last_launch, read_events
 from nvrx_lab.observe.goodput import analyze
 from nvrx_lab.train import attempts, layers, runs
@@ -35,9 +35,8 @@ from nvrx_lab.train.config import TrainConfig
 from nvrx_lab.train.loop import train
 
 
-def configure_threads(cfg: TrainConfig) -> None:
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // local_world))
+def configure_threads(cfg: TrainConfig, launch: LaunchEnv) -> None:
+    torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // launch.local_world_size))
 
 
 def left_job(error: BaseException) -> str | None:
@@ -51,25 +50,31 @@ def left_job(error: BaseException) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_dataclass(TrainConfig, argv, prog="python -m nvrx_lab.train", description=__doc__.split("\n\n")[0])
-    rank, world_size, _ = env_rank()
-    restart_count = layers.launcher_restart_count()
+    launch = LaunchEnv.read()
+    rank = launch.rank
     try:
-        layers.check_flags(cfg, world_size)
-        new_run = runs.begin(cfg, rank, restart_count, [runs.fault_state_file(cfg), runs.progress_file(cfg)])
+        layers.check_flags(cfg, launch.world_size)
+        new_run = runs.begin(cfg, rank, launch.restart_count, [runs.fault_state_file(cfg), runs.progress_file(cfg)])
     except ValueError as e:  # exit 2: a usage error, which no restart mends (the launcher does not retry it)
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if cfg.restart.endswith("inprocess"):
-        os.environ.update(layers.INPROCESS_NCCL_ENV)  # torchrun sets =1: NCCL's watchdog would kill the process
-    configure_threads(cfg)
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS; else CUDA matmuls raise
+    if cfg.restart.inprocess:  # torch reads these at its first NCCL group; torchrun sets =1, whose watchdog kills
+        export_env(layers.INPROCESS_NCCL_ENV)
+    configure_threads(cfg, launch)
+    export_env({"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}, keep_set=True)  # deterministic cuBLAS; else CUDA matmuls raise
     torch.use_deterministic_algorithms(True)
     events = EventLog(cfg.metrics or None, rank=rank)
-    events.emit("start", world_size=world_size, restart_count=restart_count, new_run=new_run, pid=os.getpid())
+    events.emit("start", world_size=launch.world_size, restart_count=launch.restart_count, new_run=new_run,
+                pid=os.getpid())
     hooks = layers.make_hooks(cfg, rank, events)
-    run = attempts.run_inprocess if cfg.restart.endswith("inprocess") else attempts.run_plain
+    run = attempts.run_inprocess if cfg.restart.inprocess else attempts.run_plain
+    body = lambda attempt, ckpt, h: train(cfg, attempt, ckpt, h)  # noqa: E731
+    if cfg.restart.mode == "replicas":
+        from nvrx_lab.train.replicas import train_replica
+
+        body = lambda attempt, ckpt, h: train_replica(cfg, attempt)  # noqa: E731
     try:
-        summary = run(cfg, events, hooks, lambda ctx, ckpt, h: train(cfg, ctx, events, ckpt, h))
+        summary = run(cfg, launch, events, hooks, body)
     except CheckpointError as e:  # e.g. another model's checkpoint: no restart mends it
         print(f"[rank {rank}] error: {e}", file=sys.stderr, flush=True)
         return 1
@@ -80,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         print(f"[rank {rank}] interrupted (Ctrl-C): a save in flight was abandoned; the newest committed "
-              f"checkpoint{' in ' + cfg.ckpt_dir if cfg.ckpt_dir else ''} is intact", file=sys.stderr, flush=True)
+              f"checkpoint{f' in {folder}' if (folder := runs.ckpt_dir(cfg)) else ''} is intact", file=sys.stderr,
+              flush=True)
         return 130
     events.emit("end", steps=summary["steps"],  # the last attempt's peak (gpucheck c); earlier ones: restart events
                 cuda_peak_bytes=torch.cuda.max_memory_allocated() if torch.cuda.is_initialized() else None)

@@ -34,6 +34,10 @@ class ModelConfig:
     norm_eps: float = 1e-5
     """RMSNorm epsilon."""
 
+    def __post_init__(self):
+        if self.dim % self.n_heads or (self.dim // self.n_heads) % 2:
+            raise ValueError(f"--dim {self.dim} / --n-heads {self.n_heads} must give an even head size")
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):

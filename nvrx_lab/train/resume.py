@@ -34,24 +34,15 @@ from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
-from nvrx_lab.dist import DistContext
+from nvrx_lab.checkpoint import Checkpointer, Restored
 from nvrx_lab.faults import fired_faults
-from nvrx_lab.observe.events import EventLog
+from nvrx_lab.net import wait_for
 from nvrx_lab.train import runs
-from nvrx_lab.train.hooks import Hooks
+from nvrx_lab.train.hooks import Attempt, Hooks, Recovering
 
 if TYPE_CHECKING:
-    from nvrx_lab.train import TrainState
     from nvrx_lab.train.config import TrainConfig
-
-
-@dataclass(frozen=True)
-class Recovering:
-    """The fault a restart layer saw before this attempt: its moment (wall clock), rank and cause."""
-
-    t: float
-    rank: int
-    cause: str
+    from nvrx_lab.train.state import TrainState
 
 
 @dataclass(frozen=True)
@@ -181,63 +172,46 @@ def count_sources(sources: list[str | None]) -> dict[str, int]:
     return dict(Counter(s for s in sources if s is not None))
 
 
-def now() -> float:
-    return time.time()
-
-
 PREFIX = "[nvrx_lab]"
 
 
-def resume(state: TrainState, checkpointer, ctx: DistContext, events: EventLog, hooks: Hooks):
+def resume(state: TrainState, checkpointer: Checkpointer, attempt: Attempt, hooks: Hooks) -> Restored | None:
     """Load the newest checkpoint, from the nearest copy that has it, into ``state``; None if there is none."""
     t0 = time.perf_counter()
-    with hooks.section("checkpoint_load"):
-        restored = checkpointer.restore(state)
-        if restored is None:
-            return None
-        hooks.during("load", restored.step)
+    restored = checkpointer.restore(state, hooks)
+    if restored is None:
+        return None
     load_s = time.perf_counter() - t0
-    events.emit("resume", step=state.step, load_s=load_s, world_size=ctx.world_size, source=restored.source,
-                rollback_steps=restored.rollback_steps)
+    attempt.events.emit("resume", step=state.step, load_s=load_s, world_size=attempt.world_size,
+                        source=restored.source, rollback_steps=restored.rollback_steps)
     hooks.on_resume(load_s)
     hooks.progress()
     return restored
 
 
-def starting(cfg: TrainConfig, ctx: DistContext, restored) -> Start | None:
+def starting(cfg: TrainConfig, attempt: Attempt, restored: Restored | None) -> Start | None:
     """What this start of training says (rank 0; collective: every rank's restore source is gathered)."""
     sources = [restored.source if restored is not None else None]
-    if dist.is_initialized() and ctx.world_size > 1:
-        gathered: list = [None] * ctx.world_size
-        dist.all_gather_object(gathered, sources[0], group=ctx.cpu_group)
+    if dist.is_initialized() and attempt.world_size > 1:
+        gathered: list = [None] * attempt.world_size
+        dist.all_gather_object(gathered, sources[0], group=attempt.cpu_group)
         sources = gathered
-    if ctx.rank != 0:
+    if attempt.rank != 0:
         return None
     reached = ProgressMarker.read(runs.progress_file(cfg))
-    faults = faults_since(runs.fault_state_file(cfg), reached, ctx.recovering)
-    return Start(cfg.steps, cfg.ckpt_dir if cfg.ckpt != "none" else "", restored.step if restored else None,
-                 count_sources(sources), reached, faults, ctx.first_start)
+    faults = faults_since(runs.fault_state_file(cfg), reached, attempt.recovering)
+    folder = runs.ckpt_dir(cfg)
+    return Start(cfg.steps, str(folder) if folder else "", restored.step if restored else None,
+                 count_sources(sources), reached, faults, attempt.first_start)
 
 
-def wait_for_writer(checkpointer, hooks: Hooks, limit_s: float = 120.0) -> None:
-    """Wait until the async writer process is ready (``--ckpt-wait-writer``); waiting is progress, not a hang."""
-    for _ in range(int(limit_s / 0.5)):
-        try:
-            checkpointer.start(timeout=0.5)
-            return
-        except TimeoutError:
-            hooks.progress()
-
-
-def start_line(ctx: DistContext, hooks: Hooks, poll_s: float = 0.05) -> None:
+def start_line(attempt: Attempt, hooks: Hooks, poll_s: float = 0.05) -> None:
     """Every rank starts the first step together, and waiting here for the others is progress. Loading a
     checkpoint or starting the writer takes longer on some ranks; a rank done first would otherwise wait in
     the first step's collective with nothing to say it is well, and its soft timeout would call a slow
     peer's load its own hang. A rank that truly hangs meanwhile is reported by its own monitor."""
-    if not dist.is_initialized() or ctx.world_size == 1:
+    if not dist.is_initialized() or attempt.world_size == 1:
         return
-    work = dist.barrier(group=ctx.cpu_group, async_op=True)
-    while not work.is_completed():
-        hooks.progress()
-        time.sleep(poll_s)
+    work = dist.barrier(group=attempt.cpu_group, async_op=True)
+    wait_for(work.is_completed, float("inf"), "every rank at the start line", interval=poll_s, on_poll=hooks.progress)
     work.wait()  # raises if the group was aborted meanwhile

@@ -19,6 +19,7 @@ run**, and then:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import uuid
@@ -36,15 +37,15 @@ PROGRESS = "progress"
 def progress_file(cfg: TrainConfig) -> Path | None:
     """Where rank 0 marks the newest step reached (:class:`nvrx_lab.train.resume.ProgressMarker`): beside the
     checkpoints, else beside the metrics."""
-    if cfg.ckpt != "none" and cfg.ckpt_dir:
-        return Path(cfg.ckpt_dir) / PROGRESS
+    if (folder := ckpt_dir(cfg)) is not None:
+        return folder / PROGRESS
     return Path(cfg.metrics).with_suffix(".progress") if cfg.metrics else None
 
 
 def fault_state_file(cfg: TrainConfig) -> Path | None:
     """Where fired faults are remembered across restarts: beside the checkpoints, else beside the metrics."""
-    if cfg.ckpt_dir:
-        return Path(cfg.ckpt_dir) / FAULTS_FIRED
+    if cfg.checkpoint.storage.directory:
+        return Path(cfg.checkpoint.storage.directory) / FAULTS_FIRED
     if cfg.metrics:
         return Path(cfg.metrics).with_suffix(".faults.jsonl")
     return None
@@ -56,12 +57,19 @@ IDENTITY = ("seed", "vocab_size", "seq_len", "global_batch", "dim", "n_layers", 
 
 
 def identity(cfg: TrainConfig) -> dict:
-    return {name: getattr(cfg, name) for name in IDENTITY}
+    """The values of :data:`IDENTITY`, by flag name (``run.json``'s keys)."""
+    values = {"seed": cfg.seed, "global_batch": cfg.global_batch, **dataclasses.asdict(cfg.model)}
+    return {name: values[name] for name in IDENTITY}
+
+
+def ckpt_dir(cfg: TrainConfig) -> Path | None:
+    """The checkpoint folder, where the run's own files live; None without checkpoints."""
+    return Path(cfg.checkpoint.storage.directory) if cfg.checkpoint.enabled else None
 
 
 def run_file(cfg: TrainConfig) -> Path | None:
-    if cfg.ckpt != "none" and cfg.ckpt_dir:
-        return Path(cfg.ckpt_dir) / RUN_FILE
+    if (folder := ckpt_dir(cfg)) is not None:
+        return folder / RUN_FILE
     return Path(cfg.metrics).with_suffix(".run.json") if cfg.metrics else None
 
 
@@ -76,7 +84,7 @@ def recorded(cfg: TrainConfig) -> dict:
 def is_new_run(cfg: TrainConfig, restart_count: int) -> bool:
     from nvrx_lab.checkpoint.commit import committed_steps
 
-    if restart_count > 0 or (cfg.ckpt != "none" and committed_steps(Path(cfg.ckpt_dir))):
+    if restart_count > 0 or ((folder := ckpt_dir(cfg)) is not None and committed_steps(folder)):
         return False
     return not (cfg.run_id and recorded(cfg).get("run_id") == cfg.run_id)
 
@@ -84,8 +92,9 @@ def is_new_run(cfg: TrainConfig, restart_count: int) -> bool:
 def check_resume(cfg: TrainConfig) -> None:
     """Raise ``ValueError`` naming each flag that differs from the run the checkpoints belong to."""
     saved = recorded(cfg)
-    differ = [f"--{k.replace('_', '-')} {getattr(cfg, k)} (the run has {saved[k]})"
-              for k in IDENTITY if k in saved and saved[k] != getattr(cfg, k)]
+    mine = identity(cfg)
+    differ = [f"--{k.replace('_', '-')} {mine[k]} (the run has {saved[k]})"
+              for k in IDENTITY if k in saved and saved[k] != mine[k]]
     if differ:
         raise ValueError(f"{run_file(cfg).parent} holds the record of another run: {', '.join(differ)}; "
                          "resume with the run's values, or pass a new --ckpt-dir (or --metrics)")
@@ -99,8 +108,8 @@ def begin(cfg: TrainConfig, rank: int, restart_count: int, run_files: list[Path 
     if not new_run:
         check_resume(cfg)
     elif rank == 0:
-        if fresh and cfg.ckpt != "none" and cfg.ckpt_dir:
-            discard_run(Path(cfg.ckpt_dir))
+        if fresh and (folder := ckpt_dir(cfg)) is not None:
+            discard_run(folder)
         for path in run_files:
             if path is not None:
                 path.unlink(missing_ok=True)

@@ -9,7 +9,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.fsdp import fully_shard
 
 from nvrx_lab.dist import device_mesh
-from nvrx_lab.train.config import TrainConfig, model_config
+from nvrx_lab.train.config import TrainConfig
 from nvrx_lab.train.data import SyntheticTokens
 from nvrx_lab.train.hooks import ComposeHooks, Hooks
 from nvrx_lab.train.model import Transformer
@@ -19,7 +19,7 @@ def build_model(cfg: TrainConfig, device: torch.device) -> torch.nn.Module:
     """Same initial weights on every rank (seeded), then ``fully_shard`` per block and the root, on a mesh
     of this device type (FSDP2's default mesh takes the accelerator whenever one exists, --device cpu too)."""
     torch.manual_seed(cfg.seed)
-    model = Transformer(model_config(cfg)).to(device)
+    model = Transformer(cfg.model).to(device)
     mesh = device_mesh(device) if dist.is_initialized() else None
     for block in model.blocks:
         fully_shard(block, mesh=mesh)
@@ -29,7 +29,8 @@ def build_model(cfg: TrainConfig, device: torch.device) -> torch.nn.Module:
 
 class TrainState:
     """Everything a resume needs, as a (DCP-shardable) state dict: weights, optimizer, data position, step,
-    and the state of hooks that keep some (the launcher's computed timeouts, under ``"monitor"``)."""
+    and the state of hooks that keep some (the launcher's computed timeouts, under ``"monitor"``). A
+    :class:`~nvrx_lab.checkpoint.LiveStateful`: local snapshots read its live tensors and fill them in place."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: SyntheticTokens,
                  hooks: Hooks | None = None):

@@ -22,8 +22,9 @@ import torch
 import torch.distributed as dist
 
 from nvrx_lab.inprocess import call_wrapper
-from nvrx_lab.inprocess.interrupt import SocketTracker, socket_fds
+from nvrx_lab.inprocess.interrupt import SocketTracker
 from nvrx_lab.inprocess.state import State
+from nvrx_lab.sockets import socket_fds
 
 FAKE: list[socket.socket] = []
 
@@ -70,7 +71,8 @@ def main() -> None:
     call_wrapper.connect_device = fake_connect_device
     tracker = SocketTracker()
     cw = call_wrapper.CallWrapper(State(rank, ws, 0, rank, ws, tuple(range(ws)), {r: r for r in range(ws)}),
-                                  store, store_fds, FakeMonitor(), tracker, None, 30.0, gloo_max_timeout=9.0)
+                                  store, store_fds, FakeMonitor(), tracker, None,
+                                  call_wrapper.GroupSettings(30.0, gloo_max_timeout=9.0))
     cw.init_process_group("gloo", device_id=torch.device("cuda", 0))
     owned = tracker.owned
     gloo_timeout = dist.group.WORLD._get_backend(torch.device("cpu")).options._timeout.total_seconds()

@@ -3,7 +3,7 @@
 Run by the tests, the reliability suite and notebook 02, always under a launcher that lets the
 survivors run::
 
-    python -m nvrx_lab.inprocess.spawn --nproc 2 -- python -m nvrx_lab.inprocess.demo_worker \
+    python -m nvrx_lab.inprocess.spawn --nproc 2 -- python -m nvrx_lab.demo.inprocess_worker \
         --steps 20 --faults 1:0:5:exception --events /tmp/ev.jsonl --ckpt-dir /tmp/ck
 
 Each step all-reduces a tensor over gloo and sleeps ``--step-time``; rank 0 saves the step
@@ -11,11 +11,11 @@ counter every ``--ckpt-every`` steps (atomically, inside ``call_wrapper.atomic()
 attempt reloads it. Events (``step``, ``fault``, ``restart``, ``resources``, ``done``) go to
 ``--events``.
 
-``--faults`` is a schedule in :mod:`nvrx_lab.faults`'s grammar, ``RANK[:ATTEMPTS]:STEP:KIND``, where
-ATTEMPTS are the wrapper's iterations (``0``, ``0-2`` or ``*``; default every one), e.g.
-``1:0:5:exception,0:*:3:hang``. Kinds: exception, hang (time.sleep), hang_socket (blocked recv),
-hang_native (signals blocked: only the hard timeout ends it), sigkill, sigkill_all (also kills the
-monitor process: peers must fall back to heartbeats). ``--resources`` adds a ``resources`` event
+``--faults`` is a schedule in :mod:`nvrx_lab.faults`'s grammar, ``RANK:ATTEMPTS:STEP:KIND``, where
+ATTEMPTS are the wrapper's iterations (``0``, ``0-2`` or ``*``; without them a fault fires once), e.g.
+``1:0:5:exception,0:*:3:hang``. The kinds these demos use: exception, hang (time.sleep), hang_socket (a
+blocked recv), hang_native (signals blocked: only the hard timeout ends it), sigkill, sigkill_all (also
+kills the monitor process: peers must fall back to heartbeats). ``--resources`` adds a ``resources`` event
 (threads, open fds, RSS) at the start of every attempt, for leak checks over many restarts.
 """
 
@@ -25,8 +25,6 @@ import argparse
 import collections
 import json
 import os
-import signal
-import socket
 import sys
 import time
 
@@ -34,39 +32,11 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from nvrx_lab.faults import Fault, parse_schedule
+from nvrx_lab.cli import Parser
+from nvrx_lab.dist import LaunchEnv
+from nvrx_lab.faults import FaultInjector, parse_schedule
 from nvrx_lab.inprocess import CallWrapper, FillGaps, ShiftRanks, Wrapper
 from nvrx_lab.observe.events import EventLog
-
-KINDS = ("exception", "hang", "hang_socket", "hang_native", "sigkill", "sigkill_all")
-
-
-def fault_for(faults: list[Fault], rank: int, iteration: int, step: int) -> str | None:
-    """The kind of the first fault ``rank`` injects before ``step`` of attempt ``iteration``."""
-    return next((f.kind for f in faults if f.rank == rank and f.step == step and f.fires_in(iteration)), None)
-
-
-def inject(kind: str) -> None:
-    if kind == "exception":
-        raise RuntimeError("injected exception")
-    if kind == "hang":
-        time.sleep(3600)
-    elif kind == "hang_socket":
-        a, b = socket.socketpair()
-        try:
-            a.recv(1)
-        finally:
-            a.close(), b.close()
-    elif kind == "hang_native":
-        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
-        time.sleep(3600)
-    elif kind in ("sigkill", "sigkill_all"):
-        if kind == "sigkill_all":
-            for child in psutil.Process().children():
-                os.kill(child.pid, signal.SIGKILL)
-        os.kill(os.getpid(), signal.SIGKILL)
-    else:
-        raise ValueError(f"unknown fault kind {kind!r}")
 
 
 def resources() -> dict:
@@ -85,8 +55,7 @@ def fd_kind(fd: str) -> str:
 
 
 def get_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m nvrx_lab.inprocess.demo_worker",
-                                 description=__doc__.split("\n")[0])
+    ap = Parser(prog="python -m nvrx_lab.demo.inprocess_worker", description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--step-time", type=float, default=0.02)
     ap.add_argument("--ckpt-every", type=int, default=5)
@@ -104,7 +73,7 @@ def get_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--resources", action="store_true", help="emit a resources event each attempt")
     a = ap.parse_args(argv)
     try:
-        a.faults = parse_schedule(a.faults, kinds=KINDS, phases=("step",), with_attempts=True)
+        a.faults = parse_schedule(a.faults)
     except ValueError as e:
         ap.error(str(e))
     return a
@@ -126,7 +95,7 @@ def save_step(path: str, step: int) -> None:
 
 def main(argv=None) -> int:
     a = get_args(argv)
-    rank0 = int(os.environ["RANK"])
+    rank0 = LaunchEnv.read().rank
     log = EventLog(a.events, rank0)
     policy = (ShiftRanks if a.assignment == "shift" else FillGaps)(spares=a.spares)
     path = os.path.join(a.ckpt_dir, "state.json") if a.ckpt_dir else None
@@ -141,16 +110,15 @@ def main(argv=None) -> int:
         t0 = time.monotonic()
         step = load_step(path)
         cw.record("reload_s", time.monotonic() - t0)
-        while step < a.steps:
-            kind = fault_for(a.faults, cw.initial_rank, cw.iteration, step)
-            if kind:
-                log.emit("fault", fault_kind=kind, iteration=cw.iteration, step=step)
-                inject(kind)
-            t = torch.full((4,), float(step + 1))
+        injector = FaultInjector(a.faults, cw.initial_rank, attempt=cw.iteration,
+                                 emit=lambda kind, **f: log.emit(kind, iteration=cw.iteration, fault_kind=f["fault"], **f))
+        for done in range(step, a.steps):
+            injector(done)
+            t = torch.full((4,), float(done + 1))
             dist.all_reduce(t)
-            assert t[0].item() == (step + 1) * cw.world_size, t
-            time.sleep(a.step_time)
-            step += 1
+            assert t[0].item() == (done + 1) * cw.world_size, t
+            time.sleep(a.step_time)  # the step's compute
+            step = done + 1
             cw.ping()
             log.emit("step", step=step, iteration=cw.iteration, new_rank=cw.rank, world_size=cw.world_size)
             if path and cw.rank == 0 and step % a.ckpt_every == 0:

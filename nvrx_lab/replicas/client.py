@@ -1,0 +1,158 @@
+"""A rank's side of the coordinator: one connection, a reader thread, a heartbeat thread.
+
+::
+
+    client = ReplicaClient("coord-host", port, replica=2, rank=0, ranks=1)
+    quorum = client.join(step=1, done=None)          # rank 0 of a group; every rank then calls next_quorum()
+    ...                                              # the step's reduction, watching client.aborted(quorum.qid)
+    quorum = client.join(step=2, done=1)             # finished step 1: it commits once every member has
+    client.bye()
+
+The reader thread takes the coordinator's answers (a quorum for each rank of a member), its abort notices (a
+member of this quorum failed: :meth:`aborted` turns true, and the abort callback cuts the reduction's sockets at
+once) and an eviction (this replica hangs, as everyone else saw: the process exits, for its launcher to replace).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import socket
+import sys
+import threading
+from collections.abc import Callable
+
+from nvrx_lab import liveness
+from nvrx_lab.net import wait_for
+
+from .protocol import Quorum, encode
+
+EVICTED_EXIT = 3
+"""Exit code of a replica the coordinator dropped as hung (its launcher starts a replacement)."""
+
+
+class JobFinished(Exception):
+    """The other replicas trained the last step before this one joined: nothing left to do."""
+
+    def __init__(self, step: int | None):
+        super().__init__(f"the job finished at step {step} before this replica joined")
+        self.step = step
+
+
+class StateLost(RuntimeError):
+    """Every replica group failed before a replacement healed: the job's state is gone (no checkpoint here)."""
+
+
+class ReplicaClient:
+    def __init__(self, host: str, port: int, replica: int, rank: int, ranks: int, beat_s: float = 0.5,
+                 connect_timeout: float = 600.0):
+        self.replica, self.rank, self.ranks = replica, rank, ranks
+        self.sock = wait_for(lambda: _connect(host, port), connect_timeout, f"the coordinator at {host}:{port}",
+                             interval=0.2)
+        self._send_lock = threading.Lock()
+        self._quorums: queue.Queue = queue.Queue()
+        self._welcome = threading.Event()
+        self.store_port = 0
+        self.healing = False
+        self._aborted: set[int] = set()
+        self.on_abort: Callable[[int], None] | None = None
+        """Called from the reader thread when a quorum is aborted (its qid): cut the reduction's sockets."""
+        self.closed = False
+        self._send({"op": "hello", "replica": replica, "rank": rank, "ranks": ranks})
+        threading.Thread(target=self._read, daemon=True, name="nvrx-replica-reader").start()
+        wait_for(self._welcome.is_set, connect_timeout, "the coordinator's welcome", interval=0.01, on_poll=liveness.beat)
+        threading.Thread(target=self._beat, args=(beat_s,), daemon=True, name="nvrx-replica-beat").start()
+
+    def _send(self, message: dict) -> None:
+        with self._send_lock:
+            self.sock.sendall(encode(message))
+
+    def _read(self) -> None:
+        try:
+            for line in self.sock.makefile("rb"):
+                self._dispatch(json.loads(line))
+        except (OSError, ValueError):
+            pass
+        if not self.closed:  # the coordinator is gone: nothing can commit any more
+            self._quorums.put(None)
+
+    def _dispatch(self, msg: dict) -> None:
+        op = msg["op"]
+        if op == "welcome":
+            self.store_port, self.healing = msg["store_port"], msg["healing"]
+            self._welcome.set()
+        elif op == "quorum":
+            self._quorums.put(Quorum.from_dict(msg))
+        elif op == "abort":
+            self._aborted.add(msg["qid"])
+            print(f"[nvrx_lab.replicas] replica {self.replica} rank {self.rank}: step aborted ({msg['why']})",
+                  file=sys.stderr, flush=True)
+            if self.on_abort is not None:
+                self.on_abort(msg["qid"])
+        elif op == "state_lost":
+            self.closed = True
+            self._quorums.put(StateLost(msg["why"]))
+        elif op == "finished":  # the job ended before this replica could join
+            self.closed = True
+            self._quorums.put(msg["step"])
+        elif op == "evict":
+            print(f"[nvrx_lab.replicas] replica {self.replica} rank {self.rank} dropped by the coordinator "
+                  f"({msg['why']}): exiting for a replacement", file=sys.stderr, flush=True)
+            os._exit(EVICTED_EXIT)
+
+    def _beat(self, every: float) -> None:
+        while not self.closed:  # a periodic sender, not a wait
+            try:
+                self._send({"op": "beat"})
+            except OSError:
+                return
+            threading.Event().wait(every)
+
+    def aborted(self, qid: int) -> bool:
+        return qid in self._aborted
+
+    def join(self, step: int, done: int | None) -> None:
+        """Rank 0 of a group: ready for ``step``, and the group finished step ``done`` (None: it did not)."""
+        self._send({"op": "join", "step": step, "done": done})
+
+    def next_quorum(self, timeout: float = 3600.0) -> Quorum:
+        """The coordinator's next quorum for this replica (every rank gets it); waiting is progress."""
+        got: list = []
+
+        def arrived() -> bool:
+            try:
+                got.append(self._quorums.get(timeout=0.05))
+                return True
+            except queue.Empty:
+                return False
+
+        wait_for(arrived, timeout, f"replica {self.replica}'s next quorum", interval=0.0, on_poll=liveness.beat)
+        if got[0] is None:
+            raise ConnectionError("the coordinator closed the connection")
+        if isinstance(got[0], StateLost):
+            raise got[0]
+        if not isinstance(got[0], Quorum):
+            raise JobFinished(got[0])
+        return got[0]
+
+    def stuck(self, step: int, qid: int) -> None:
+        self._send({"op": "stuck", "step": step, "qid": qid})
+
+    def bye(self) -> None:
+        self.closed = True
+        try:
+            self._send({"op": "bye"})
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def _connect(host: str, port: int) -> socket.socket | None:
+    try:
+        sock = socket.create_connection((host, port), timeout=5)
+    except OSError:
+        return None
+    sock.settimeout(None)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock

@@ -1,0 +1,35 @@
+"""The replica layer's settings: one object, the trainer's ``--replica*`` and ``--coordinator`` flags."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from nvrx_lab.cli import Settings
+
+
+@dataclass
+class ReplicaConfig(Settings):
+    """Replica-level fault tolerance (``--restart replicas``, nvrx_lab.replicas)."""
+
+    coordinator: str = field(default="", metadata={"flag": "coordinator"})
+    """HOST:PORT of the coordinator (python -m nvrx_lab.replicas.coordinator), which forms a quorum per step."""
+    replica_id: int = field(default=0, metadata={"flag": "replica-id"})
+    """This replica group's id, 0..replicas-1 (torchrun's ranks of one group share it)."""
+    replicas: int = field(default=1, metadata={"flag": "replicas"})
+    """Replica groups of the job; the global batch is shared among those in each step's quorum."""
+    patience: float = field(default=0.0, metadata={"flag": "replica-patience"})
+    """Seconds a step's cross-replica reduction may wait before the coordinator hears of it (it then drops the
+    member everybody waits for: a hang); 0: twice the median step time so far, at least 50 ms."""
+
+    def __post_init__(self):
+        if self.replicas < 1 or not 0 <= self.replica_id < self.replicas:
+            raise ValueError(f"--replica-id {self.replica_id} must be in 0..--replicas - 1 (--replicas {self.replicas})")
+        if self.patience < 0:
+            raise ValueError(f"--replica-patience must be >= 0 seconds, got {self.patience}")
+        if self.coordinator and (":" not in self.coordinator or not self.coordinator.rsplit(":", 1)[1].isdigit()):
+            raise ValueError(f"--coordinator {self.coordinator!r} must be HOST:PORT")
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, port = self.coordinator.rsplit(":", 1)
+        return host, int(port)

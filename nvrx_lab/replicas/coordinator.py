@@ -1,0 +1,300 @@
+"""The coordinator: one small server that forms a quorum per step and says when a member failed.
+
+``python -m nvrx_lab.replicas.coordinator --port P --replicas R`` (a Deployment behind a Service on EKS). Every
+rank of every replica group holds one TCP connection to it (:mod:`.client`); group rank 0 joins once a step. Per
+step and replica: one request and one answer (O(1)); per fault: one notice to every rank. It decides:
+
+* **a quorum** for step ``s`` once every live member of the last one has joined ``s``. If they all finished the
+  step before, it is committed (every member applies its update: no update is ever applied half-way); replacements
+  that said hello meanwhile join a fresh step, with a donor that sends them its state;
+* **a member failed** when one of its ranks' connections closes (its process died: at once), its heartbeats stop
+  (its node is gone), or every other member waits for it in the step's reduction (``stuck``: it hangs). The
+  member is dropped (a hung one is told to exit), the other members are told to abort the step's reduction, and
+  they redo that step without it, taking its rows of the batch (:class:`~.protocol.StepShares`).
+
+It also hosts the ``TCPStore`` the members' cross-replica process groups meet on (:mod:`.group`).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from nvrx_lab.net import listen
+
+from .protocol import Quorum, encode
+
+
+@dataclass
+class Member:
+    """One replica group as the coordinator knows it."""
+
+    replica: int
+    ranks: int
+    conns: dict[int, socket.socket] = field(default_factory=dict)
+    alive: bool = True
+    healing: bool = False
+    """Said hello after the first quorum: it needs a live member's state."""
+    joined: int | None = None
+    """The step its rank 0 asked to compute next."""
+    done: int | None = None
+    """The last step it finished (its reduction completed on every rank)."""
+    stuck: bool = False
+    finished: bool = False
+    """Trained the last step and said bye."""
+    last_beat: float = field(default_factory=time.monotonic)
+
+
+class Coordinator:
+    """The coordinator's state and decisions (:meth:`serve` runs it on a socket)."""
+
+    def __init__(self, replicas: int, min_replicas: int = 1, beat_timeout: float = 5.0, emit=None):
+        self.expected, self.min_replicas, self.beat_timeout = replicas, min_replicas, beat_timeout
+        self.emit = emit or (lambda kind, **f: None)
+        self.members: dict[int, Member] = {}
+        self.quorum: Quorum | None = None
+        self.aborted = False
+        self.committed: int | None = None
+        self.over = False
+        """Every member trained the last step."""
+        self.state_lost: str | None = None
+        """Why the job cannot go on: every member failed before a replacement took its state (no checkpoint here)."""
+        self.lock = threading.RLock()
+        self.store_port = 0
+        self._send_locks: dict[socket.socket, threading.Lock] = {}
+        self._qid = 0
+        self._formed_at = time.monotonic()
+
+    def hello(self, conn: socket.socket, msg: dict) -> None:
+        with self.lock:
+            r = msg["replica"]
+            m = self.members.get(r)
+            if m is None or not m.alive:  # a new replica, or the replacement of a failed one
+                m = self.members[r] = Member(r, msg["ranks"], healing=self.quorum is not None)
+            m.conns[msg["rank"]] = conn
+            self._send(conn, {"op": "welcome", "store_port": self.store_port, "healing": m.healing})
+            if self.state_lost:
+                m.alive = False
+                self._send(conn, {"op": "state_lost", "why": self.state_lost})
+                return
+            if self.over:  # a replacement that comes after the last step
+                m.alive = False
+                self._send(conn, {"op": "finished", "step": self.committed})
+                return
+            self._form()
+
+    def join(self, replica: int, step: int, done: int | None) -> None:
+        with self.lock:
+            m = self.members[replica]
+            m.joined, m.stuck = step, False
+            if done is not None:
+                m.done = done
+            self._form()
+
+    def stuck(self, replica: int, qid: int) -> None:
+        """A rank of ``replica`` waits too long in quorum ``qid``'s reduction: is every other member waiting for the
+        same few? Those are hung: drop them, abort the step."""
+        with self.lock:
+            if self.quorum is None or qid != self.quorum.qid or self.aborted:
+                return
+            self.members[replica].stuck = True
+            live = [self.members[r] for r in self.quorum.members if self.members[r].alive]
+            waiting = [m for m in live if m.stuck or m.joined == self.quorum.step + 1]
+            culprits = [m for m in live if m not in waiting]
+            # no more culprits than waiters: a member merely slower than the first to wait is given time to wait too
+            if culprits and len(culprits) <= len(waiting):
+                for m in culprits:
+                    self._fail(m, "hang: every other member waited for it in the step's reduction", evict=True)
+
+    def beat(self, replica: int) -> None:
+        with self.lock:
+            if (m := self.members.get(replica)) is not None: m.last_beat = time.monotonic()  # noqa: E701
+
+    def bye(self, replica: int) -> None:
+        """The replica trained its last step and leaves: no failure."""
+        with self.lock:
+            if (m := self.members.get(replica)) is not None:
+                m.alive = False
+                m.finished = True
+            if self.members and all(m.finished or m.healing for m in self.members.values() if m.alive or m.finished):
+                self.over = True
+                for w in self.members.values():  # the job is over: replacements still waiting to join have nothing to do
+                    if w.alive:
+                        w.alive = False
+                        for conn in w.conns.values():
+                            self._send(conn, {"op": "finished", "step": self.committed})
+
+    def lost(self, replica: int, conn: socket.socket) -> None:
+        """A rank's connection closed without a ``bye``: its process is gone."""
+        with self.lock:
+            m = self.members.get(replica)
+            if m is not None and m.alive and any(c is conn for c in m.conns.values()):
+                self._fail(m, "its process exited (connection closed)")
+
+    def check_beats(self) -> None:
+        with self.lock:
+            now = time.monotonic()
+            for m in list(self.members.values()):
+                if m.alive and now - m.last_beat > self.beat_timeout:
+                    self._fail(m, f"no heartbeat for {now - m.last_beat:.1f} s (its node is gone?)", evict=True)
+
+    def _fail(self, m: Member, why: str, evict: bool = False) -> None:
+        m.alive = False
+        self.emit("replica_lost", replica=m.replica, why=why, qid=self.quorum.qid if self.quorum else None)
+        print(f"[nvrx_lab.replicas] replica {m.replica} dropped: {why}", file=sys.stderr, flush=True)
+        if evict:
+            for conn in m.conns.values():
+                self._send(conn, {"op": "evict", "why": why})
+        if self.quorum is not None and m.replica in self.quorum.members and not self.aborted:
+            self.aborted = True
+            notice = {"op": "abort", "qid": self.quorum.qid, "why": f"replica {m.replica}: {why}"}
+            for other in self.members.values():
+                if other.alive:
+                    for conn in other.conns.values():
+                        self._send(conn, notice)
+        self._form()
+
+    def _form(self) -> None:
+        """Form the next quorum if every live member is ready for it."""
+        q = self.quorum
+        alive = {r: m for r, m in self.members.items() if m.alive and len(m.conns) == m.ranks}
+        if q is None:  # the first quorum: the founding members, all at step 0
+            founders = sorted(r for r, m in alive.items() if m.joined is not None and not m.healing)
+            if len(founders) >= max(self.expected, self.min_replicas):
+                self._publish(founders, step=founders and alive[founders[0]].joined, committed=None)
+            return
+        live = [r for r in q.members if r in alive]
+        if not live and not self.over and not any(m.alive and not m.healing for m in self.members.values()):
+            self._lose_state(q)
+            return
+        if not live:
+            return
+        finished = all(alive[r].joined == q.step + 1 and alive[r].done == q.step for r in live)
+        if self.aborted and not finished:  # redo the same step without the lost: the survivors keep what they computed
+            if all(alive[r].joined in (q.step, q.step + 1) for r in live):
+                self._publish(live, step=q.step, committed=None)
+            return
+        if finished:  # (a member lost after the reduction completed everywhere: its part is in the sum, commit)
+            joiners = sorted(r for r, m in alive.items() if m.healing and m.joined is not None and r not in live)
+            if len(live) + len(joiners) >= self.min_replicas:  # else the survivors wait here for replacements
+                self._publish(sorted(live + joiners), step=q.step + 1, committed=q.step, joiners=joiners)
+
+    def _lose_state(self, q: Quorum) -> None:
+        """Every member of the last quorum failed and nobody else holds the state: end the job, loudly."""
+        if self.state_lost:
+            return
+        self.state_lost = (f"every replica group failed by step {q.step} before a replacement could take a live "
+                           f"replica's state (last committed step {self.committed}); nothing is left to heal from")
+        self.emit("state_lost", step=q.step, committed=self.committed)
+        print(f"[nvrx_lab.replicas] error: {self.state_lost}", file=sys.stderr, flush=True)
+        for m in self.members.values():
+            if m.alive:
+                m.alive = False
+                for conn in m.conns.values():
+                    self._send(conn, {"op": "state_lost", "why": self.state_lost})
+
+    def _publish(self, members: list[int], step: int, committed: int | None, joiners: list[int] = ()) -> None:
+        prev = self.quorum
+        if prev is None or tuple(members) != prev.members:
+            self._qid += 1
+        now = time.monotonic()
+        epoch = {"formed_s": round(now - self._formed_at, 6), "lost": sorted(set(prev.members) - set(members)) if prev else []}
+        donor = next((r for r in members if r not in joiners), None) if joiners else None
+        self.quorum = Quorum(self._qid, step, tuple(members), committed, donor, tuple(joiners), epoch)
+        self.aborted, self._formed_at = False, now
+        if committed is not None:
+            self.committed = committed
+        for r in joiners:
+            self.members[r].healing = False
+        self.emit("quorum", qid=self._qid, step=step, members=list(members), committed=committed, joiners=list(joiners))
+        message = json.loads(self.quorum.to_json())
+        for r in members:
+            m = self.members[r]
+            m.stuck, m.joined = False, None
+            for conn in m.conns.values():  # every rank of a member: one small answer each
+                self._send(conn, message)
+
+    def _send(self, conn: socket.socket, message: dict) -> None:
+        lock = self._send_locks.setdefault(conn, threading.Lock())
+        try:
+            with lock:
+                conn.sendall(encode(message))
+        except OSError:
+            pass  # its reader sees the connection close and reports the loss
+
+
+def _serve_connection(coord: Coordinator, conn: socket.socket) -> None:
+    replica = None
+    try:
+        for line in conn.makefile("rb"):
+            msg = json.loads(line)
+            op = msg.get("op")
+            if op == "hello":
+                replica = msg["replica"]
+                coord.hello(conn, msg)
+            elif op == "join":
+                coord.join(replica, msg["step"], msg.get("done"))
+            elif op == "stuck":
+                coord.stuck(replica, msg["qid"])
+            elif op == "beat":
+                coord.beat(replica)
+            elif op == "bye":
+                coord.bye(replica)
+    except (OSError, ValueError):
+        pass
+    finally:
+        if replica is not None:
+            coord.lost(replica, conn)
+        conn.close()
+
+
+def serve(coord: Coordinator, host: str, port: int, ready: threading.Event | None = None,
+          stop: threading.Event | None = None) -> None:
+    """Accept ranks on ``host:port`` (and host the groups' store beside it) until ``stop`` is set."""
+    server = listen(host, port)
+    store_sock = listen(host, 0)
+    coord.store_port = store_sock.getsockname()[1]
+    store = dist.TCPStore(host, coord.store_port, is_master=True, wait_for_workers=False,  # noqa: F841 - held open
+                          timeout=timedelta(seconds=60), master_listen_fd=store_sock.detach())
+    server.settimeout(0.2)
+    if ready is not None:
+        ready.set()
+    stop = stop or threading.Event()
+    while not stop.is_set():
+        coord.check_beats()
+        try:
+            conn, _ = server.accept()
+        except TimeoutError:
+            continue
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        threading.Thread(target=_serve_connection, args=(coord, conn), daemon=True).start()
+    server.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    from nvrx_lab.cli import Parser
+    from nvrx_lab.observe.events import EventLog
+
+    ap = Parser(prog="python -m nvrx_lab.replicas.coordinator", description=__doc__.split("\n")[0])
+    ap.add_argument("--host", default="127.0.0.1", help="address to listen on (a pod's: 0.0.0.0)")
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--replicas", type=int, required=True, help="replica groups of the job (the first quorum waits for all)")
+    ap.add_argument("--min-replicas", type=int, default=1, help="fewest replica groups a new step starts with")
+    ap.add_argument("--beat-timeout", type=float, default=5.0, help="a member silent this long is gone (s)")
+    ap.add_argument("--metrics", default=None, help="event stream (quorums, losses)")
+    a = ap.parse_args(argv)
+    coord = Coordinator(a.replicas, a.min_replicas, a.beat_timeout, emit=EventLog(a.metrics, rank=-1).emit)
+    print(f"[nvrx_lab.replicas] coordinator on {a.host}:{a.port}, {a.replicas} replica groups", flush=True)
+    serve(coord, a.host, a.port)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

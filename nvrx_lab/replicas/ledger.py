@@ -1,0 +1,64 @@
+"""The data ledger: was every row of every committed step trained exactly once, across faults and heals?
+
+Each rank writes a ``ledger`` event when its part of a step's reduction completes: the step, the quorum (``qid``)
+and the rows of the global batch whose gradients it contributed. The coordinator's ``quorum`` events say which
+steps were committed. A committed step's rows are those of its last reduction (an aborted step is redone under a
+new quorum); their union must be the whole global batch, every row once.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nvrx_lab.observe.events import read_events
+
+
+@dataclass
+class Ledger:
+    steps: int = 0
+    """Committed steps checked."""
+    lost: int = 0
+    """Rows of committed steps no replica trained."""
+    duplicated: int = 0
+    """Rows trained more than once in a committed step."""
+    bad_steps: list[int] = field(default_factory=list)
+
+    @property
+    def exact(self) -> bool:
+        return self.lost == 0 and self.duplicated == 0
+
+    def line(self) -> str:
+        verdict = "every row exactly once" if self.exact else f"steps {self.bad_steps[:5]} wrong"
+        return (f"ledger: {self.steps} committed steps, {self.lost} samples lost, {self.duplicated} duplicated "
+                f"({verdict})")
+
+
+def check(coordinator_events: list[dict], replica_events: list[dict], global_batch: int) -> Ledger:
+    committed = sorted({e["committed"] for e in coordinator_events if e["kind"] == "quorum" and e["committed"] is not None})
+    rows: dict[tuple[int, int], Counter] = defaultdict(Counter)
+    last_qid: dict[int, int] = {}
+    for e in replica_events:
+        if e["kind"] != "ledger":
+            continue
+        key = (e["step"], e["qid"])
+        last_qid[e["step"]] = max(last_qid.get(e["step"], -1), e["qid"])
+        for start, stop in e["rows"]:
+            rows[key].update(range(start, stop))
+    out = Ledger(steps=len(committed))
+    for step in committed:
+        got = rows.get((step, last_qid.get(step, -1)), Counter())
+        lost = sum(1 for r in range(global_batch) if got[r] == 0)
+        dup = sum(n - 1 for n in got.values() if n > 1) + sum(n for r, n in got.items() if not 0 <= r < global_batch)
+        out.lost, out.duplicated = out.lost + lost, out.duplicated + dup
+        if lost or dup:
+            out.bad_steps.append(step)
+    return out
+
+
+def check_dir(folder: str | Path, global_batch: int) -> Ledger:
+    """:func:`check` over a :mod:`.local` run's folder (``coordinator.jsonl``, ``replica*.jsonl``)."""
+    folder = Path(folder)
+    replicas = [e for p in sorted(folder.glob("replica*.jsonl")) for e in read_events(p)]
+    return check(read_events(folder / "coordinator.jsonl"), replicas, global_batch)

@@ -1,0 +1,126 @@
+"""Replica groups on one machine: a coordinator and R torchrun jobs of the trainer, as a cluster would run them.
+
+::
+
+    python -m nvrx_lab.replicas.local --replicas 3 --nproc 1 --out build/replicas -- --steps 30 --faults 1:10:sigkill
+
+Each replica group is ``torchrun --max-restarts K -m nvrx_lab.train --restart replicas --replica-id R ...`` with its
+event stream at ``OUT/replica<R>.jsonl`` and output at ``OUT/replica<R>.log``; torchrun replaces a failed group's
+workers (the replacement heals from a live replica). The coordinator runs in this process (on EKS: a Deployment
+behind a Service) and writes ``OUT/coordinator.jsonl``. The arguments after ``--`` go to every group's trainer; a
+fault's rank counts across the groups (replica id x ``--nproc`` + rank). At the end: one line per group, the
+ledger's line (:mod:`.ledger`), and the exit code of the worst group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from nvrx_lab.dist import child_env
+from nvrx_lab.net import free_port, wait_for
+from nvrx_lab.observe.events import EventLog
+from nvrx_lab.runner import LOOPBACK, Torchrun, trainer
+
+from . import ledger
+from .coordinator import Coordinator, serve
+
+
+def group_argv(replica: int, replicas: int, nproc: int, coordinator: str, out: Path, train_args: list[str],
+               max_restarts: int) -> list[str]:
+    """One replica group's command line: torchrun (its own c10d rendezvous) and the trainer."""
+    worker = trainer(*train_args, restart="replicas", coordinator=coordinator, replica_id=replica, replicas=replicas,
+                     metrics=out / f"replica{replica}.jsonl")
+    return Torchrun.c10d(nproc, max_restarts=max_restarts, monitor_interval=0.1).argv(worker)
+
+
+def run_local(replicas: int, nproc: int, out: Path, train_args: list[str], max_restarts: int = 3,
+              timeout: float = 600.0, min_replicas: int = 1) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    for old in [*out.glob("replica*.jsonl"), *out.glob("replica*.faults.jsonl"), out / "coordinator.jsonl"]:
+        old.unlink(missing_ok=True)
+    coord = Coordinator(replicas, min_replicas, emit=EventLog(out / "coordinator.jsonl", rank=-1).emit)
+    ready, stop = threading.Event(), threading.Event()
+    port = free_port()
+    threading.Thread(target=serve, args=(coord, LOOPBACK, port, ready, stop), daemon=True).start()
+    wait_for(ready.is_set, 30, "the coordinator to listen")
+    procs = []
+    try:
+        for r in range(replicas):
+            log = open(out / f"replica{r}.log", "w")
+            argv = group_argv(r, replicas, nproc, f"{LOOPBACK}:{port}", out, train_args, max_restarts)
+            procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                          env=child_env({"OMP_NUM_THREADS": "1"})))
+            log.close()
+        wait_for(lambda: all(p.poll() is not None for p in procs), timeout, f"{replicas} replica groups to finish",
+                 interval=0.1)
+    finally:
+        for p in procs:
+            _stop(p)
+        stop.set()
+    for r, p in enumerate(procs):
+        print(f"replica {r}: exit {p.returncode} (log {out / f'replica{r}.log'})", flush=True)
+    return max(p.returncode for p in procs)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop one group: torchrun's workers run in sessions of their own, so its process tree is read first (a
+    SIGKILLed torchrun would orphan them), torchrun is asked to stop them, and whatever is left is killed."""
+    import psutil
+
+    try:
+        tree = [proc.pid, *(c.pid for c in psutil.Process(proc.pid).children(recursive=True))]
+    except psutil.Error:
+        tree = [proc.pid]
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+    for pid in tree:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    proc.wait()
+
+
+def global_batch_of(train_args: list[str]) -> int:
+    from nvrx_lab.train.config import TrainConfig
+
+    return TrainConfig.from_args(train_args).global_batch
+
+
+def main(argv: list[str] | None = None) -> int:
+    from nvrx_lab.cli import Parser
+
+    argv = sys.argv[1:] if argv is None else argv
+    ours, train_args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    ap = Parser(prog="python -m nvrx_lab.replicas.local", description=__doc__.split("\n")[0],
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--replicas", type=int, default=3, help="replica groups (torchrun jobs)")
+    ap.add_argument("--nproc", type=int, default=1, help="ranks per replica group (FSDP inside it)")
+    ap.add_argument("--max-restarts", type=int, default=3, help="replacements of each group's workers (torchrun's)")
+    ap.add_argument("--min-replicas", type=int, default=1,
+                    help="fewest replica groups a new step starts with (the survivors wait at the step for replacements)")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds before every group is killed")
+    ap.add_argument("--out", default="build/replicas", help="folder for the event streams and logs (emptied first)")
+    a = ap.parse_args(ours)
+    if a.replicas < 1 or a.nproc < 1:
+        ap.error("--replicas and --nproc must be >= 1")
+    if not 1 <= a.min_replicas <= a.replicas:
+        ap.error(f"--min-replicas must be in 1..--replicas ({a.replicas}), got {a.min_replicas}")
+    out = Path(a.out)
+    code = run_local(a.replicas, a.nproc, out, train_args, a.max_restarts, a.timeout, a.min_replicas)
+    print(ledger.check_dir(out, global_batch_of(train_args)).line(), flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,230 @@
+"""Training as one replica group of several (``--restart replicas``): the survivors of a fault never stop.
+
+Each replica group is a torchrun job of its own (FSDP2 inside it); rank ``k`` of every group sums gradients with
+rank ``k`` of the others over the quorum's cross-replica group (:mod:`nvrx_lab.replicas`). Every step::
+
+    quorum  = the coordinator's answer to "ready for step s" (group rank 0 asks; every rank hears)
+    commit  the previous step's update if every member finished it (quorum.committed)
+    heal    a replacement gets a live member's state (rank k from rank k) before it trains
+    compute this rank's rows of step s's global batch: its replica's share, split among the group's ranks
+    reduce  the gradients' sum over the members (cut, and StepAborted, if a member fails meanwhile)
+
+After an abort the same step is redone by the survivors: each keeps the gradients of the rows it computed and
+takes its part of the rows the lost member held (:class:`~nvrx_lab.replicas.protocol.StepShares`), so the
+global batch stays what ``--global-batch`` says and every row is trained exactly once: every committed step
+writes each rank's rows to the ``ledger`` event. Losses are sums over rows divided by the global batch, so the
+loss curve is the fault-free one up to the order of the sums.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from nvrx_lab.faults import FaultInjector
+from nvrx_lab.replicas.client import JobFinished, ReplicaClient, StateLost
+from nvrx_lab.replicas.group import ReplicaGroup, StepAborted
+from nvrx_lab.replicas.heal import recv_state, send_state
+from nvrx_lab.replicas.protocol import Quorum, StepShares, rank_part
+from nvrx_lab.train import runs
+from nvrx_lab.train.config import TrainConfig
+from nvrx_lab.train.data import SyntheticTokens
+from nvrx_lab.train.hooks import Attempt
+from nvrx_lab.train.state import TrainState, build_model
+
+
+class ReplicaStep:
+    """One rank's part of step ``step``: the rows it computed, their summed loss, the reduced gradients."""
+
+    def __init__(self, cfg: TrainConfig, state: TrainState, attempt: Attempt, quorum: Quorum):
+        self.cfg, self.state, self.attempt, self.step = cfg, state, attempt, quorum.step
+        self.shares = StepShares(cfg.global_batch, quorum)
+        self.params = [p for p in state.model.parameters() if p.requires_grad]
+        self.rows: list[range] = []
+        self.loss_sum = 0.0
+        self.reduced: torch.Tensor | None = None
+
+    def compute(self, rows: list[range]) -> None:
+        """One forward and backward over ``rows`` of the step's global batch (gradients add up in ``.grad``). Always
+        exactly one, even over no rows: FSDP's collectives inside the group must match on every rank."""
+        batch = self.state.data.global_batch_at(self.step - 1)
+        index = torch.tensor([r for rng in rows for r in rng], dtype=torch.long)
+        toks = batch[index].to(self.attempt.device)
+        logits = self.state.model(toks[:, :-1])
+        per_row = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), toks[:, 1:].flatten(),
+                                                    reduction="none").view(len(index), -1).mean(1)
+        per_row.sum().backward()
+        self.loss_sum += float(per_row.detach().sum())
+        self.rows += rows
+
+    def flat(self) -> torch.Tensor:
+        """This rank's gradient shards and loss sum, in one buffer (a fresh one: an aborted reduction keeps its own)."""
+        grads = [_local(p.grad) if p.grad is not None else torch.zeros_like(_local(p)) for p in self.params]
+        return torch.cat([*(g.reshape(-1).float() for g in grads), torch.tensor([self.loss_sum])])
+
+    def apply(self) -> float:
+        """The committed update: gradients = the sum over every row of the batch / global batch (FSDP's reduction
+        inside a group averaged over its ranks: times ranks); returns the step's loss (summed over the group's ranks,
+        which each hold the loss of their own rows)."""
+        flat, offset, ranks = self.reduced, 0, self.attempt.world_size
+        loss = flat[-1:].clone()
+        if ranks > 1:
+            dist.all_reduce(loss, group=self.attempt.cpu_group)
+        with torch.no_grad():
+            for p in self.params:
+                g = _local(p.grad)
+                g.copy_(flat[offset:offset + g.numel()].view_as(g).to(g.dtype) * (ranks / self.cfg.global_batch))
+                offset += g.numel()
+        self.state.optimizer.step()
+        self.state.optimizer.zero_grad(set_to_none=False)
+        self.state.data.position = self.step
+        return float(loss) / self.cfg.global_batch
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return t.to_local() if isinstance(t, DTensor) else t
+
+
+def train_replica(cfg: TrainConfig, attempt: Attempt) -> dict:
+    """One replica group's rank, from its first quorum to the last committed step; returns a summary. When every
+    group failed before a replacement healed (the state is gone), one error line and exit 1."""
+    try:
+        return _train(cfg, attempt)
+    except StateLost as e:
+        print(f"[nvrx_lab.replicas] error: replica {cfg.replicas.replica_id} rank {attempt.rank}: {e}", file=sys.stderr,
+              flush=True)
+        raise SystemExit(1) from None
+
+
+def _train(cfg: TrainConfig, attempt: Attempt) -> dict:
+    rc, events, rank, ranks = cfg.replicas, attempt.events, attempt.rank, attempt.world_size
+    host, port = rc.address
+    client = ReplicaClient(host, port, rc.replica_id, rank, ranks)
+    state = _state(cfg, attempt)
+    faults = cfg.faults.faults
+    injector = FaultInjector(faults, rc.replica_id * ranks + rank, state_file=runs.fault_state_file(cfg),
+                             emit=events.emit) if faults else None
+    if rank == 0:
+        client.join(step=0 if client.healing else 1, done=None)
+    try:
+        quorum, group, work = client.next_quorum(), None, None
+    except JobFinished as e:
+        print(f"[rank {attempt.rank}] replica {rc.replica_id}: {e}; exiting", flush=True)
+        return {"steps": e.step or 0, "losses": [], "world_size": ranks}
+    losses, periods, last = [], [], time.monotonic()
+    while True:
+        if quorum.committed is not None and work is not None and work.step == quorum.committed:
+            losses.append(work.apply())
+            state.step, now = quorum.committed, time.monotonic()
+            periods.append(now - last)
+            last = now
+            if rank == 0:
+                events.emit("step", step=state.step, loss=losses[-1], step_time=periods[-1], replica=rc.replica_id,
+                            members=len(quorum.members))
+            work = None
+        if quorum.step > cfg.steps:
+            break
+        done = None
+        group, ready = _meet(client, host, quorum, rank, group, state, events)
+        # every member computes, ready or not: the table of who holds which rows must be the same everywhere
+        work = _work(work, cfg, state, attempt, quorum, injector)
+        if ready:
+            try:
+                done = _reduce(work, group, client, quorum, periods, rc.patience)
+                events.emit("ledger", step=work.step, qid=quorum.qid, replica=rc.replica_id,
+                            rows=[[r.start, r.stop] for r in work.rows])
+            except (StepAborted, RuntimeError):  # gloo's own error when a member's socket closed under it
+                done = None
+        done = _agree(done, attempt)
+        if rank == 0:
+            client.join(step=quorum.step + 1 if done is not None else quorum.step, done=done)
+        quorum = client.next_quorum()
+    client.bye()
+    return {"steps": state.step, "losses": losses, "world_size": ranks}
+
+
+def _meet(client: ReplicaClient, host: str, quorum: Quorum, rank: int, group: ReplicaGroup | None,
+          state: TrainState, events) -> tuple[ReplicaGroup | None, bool]:
+    """This quorum's group (and its heal when this replica gives or takes state); ready is False when a member failed
+    while the group met: the step is computed all the same and reduced at the next quorum."""
+    replica = client.replica
+    try:
+        if group is None or group.qid != quorum.qid:
+            group = _group(client, host, quorum, replica, rank, group)
+        if replica == quorum.donor or replica in quorum.joiners:
+            _heal(group, quorum, replica, state, events)
+        return group, True
+    except (StepAborted, RuntimeError) as e:
+        if replica in quorum.joiners:  # without a donor's state this process cannot train: a replacement will
+            raise RuntimeError(f"replica {replica} could not heal from replica {quorum.donor}: {e}") from None
+        return group, False
+
+
+def _work(work: ReplicaStep | None, cfg: TrainConfig, state: TrainState, attempt: Attempt, quorum: Quorum,
+          injector: FaultInjector | None) -> ReplicaStep:
+    """This rank's gradients for the quorum's step: its share of a fresh step, or of the rows the members that
+    left held when the step is redone."""
+    replica, rank, ranks = cfg.replicas.replica_id, attempt.rank, attempt.world_size
+    if work is None or work.step != quorum.step:
+        work = ReplicaStep(cfg, state, attempt, quorum)
+        if injector is not None:
+            injector.catch_up(quorum.step)
+        work.compute(rank_part(work.shares.rows(replica), rank, ranks))
+    else:
+        work.compute(rank_part(work.shares.redo(quorum)[replica], rank, ranks))
+    return work
+
+
+def _agree(done: int | None, attempt: Attempt) -> int | None:
+    """The group finished the step only if every one of its ranks did."""
+    if attempt.world_size == 1:
+        return done
+    flag = torch.tensor([1 if done is not None else 0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=attempt.cpu_group)
+    return done if flag.item() else None
+
+
+def _state(cfg: TrainConfig, attempt: Attempt) -> TrainState:
+    model = build_model(cfg, attempt.device)  # FSDP averages a group's gradients over its ranks (apply undoes it)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    data = SyntheticTokens(cfg.model.vocab_size, cfg.model.seq_len, cfg.global_batch, seed=cfg.seed)
+    return TrainState(model, optimizer, data)
+
+
+def _group(client: ReplicaClient, host: str, quorum: Quorum, replica: int, rank: int,
+           old: ReplicaGroup | None) -> ReplicaGroup:
+    """The cross-replica group of this quorum (the last one's sockets shut); an abort meanwhile ends the meeting."""
+    if old is not None:
+        old.cut()
+    group = ReplicaGroup(quorum.qid, quorum.index(replica), len(quorum.members))
+    client.on_abort = lambda qid: group.cut() if qid == group.qid else None
+    if client.aborted(quorum.qid):
+        group.cut()
+    return group.connect(host, client.store_port, rank)
+
+
+def _heal(group: ReplicaGroup, quorum: Quorum, replica: int, state: TrainState, events) -> None:
+    t0 = time.monotonic()
+    if replica == quorum.donor:
+        sent = send_state(group, [quorum.index(j) for j in quorum.joiners], state.local_state_dict())
+        events.emit("heal_sent", step=quorum.step, to=list(quorum.joiners), bytes=sent, seconds=time.monotonic() - t0)
+    else:
+        state.load_local_state_dict(recv_state(group, quorum.index(quorum.donor), state.local_state_dict()))
+        state.data.position = quorum.step - 1
+        events.emit("healed", step=quorum.step, donor=quorum.donor, seconds=time.monotonic() - t0)
+
+
+def _reduce(work: ReplicaStep, group: ReplicaGroup, client: ReplicaClient, quorum: Quorum, periods: list[float],
+            patience: float) -> int:
+    """Sum the step's gradients over the members; the step it finished (:class:`StepAborted` if it did not)."""
+    flat = work.flat()
+    wait = patience or (max(0.05, 2 * statistics.median(periods[-20:])) if periods else 5.0)
+    group.all_reduce(flat, lambda: client.aborted(quorum.qid), wait, lambda: client.stuck(quorum.step, quorum.qid))
+    work.reduced = flat
+    return quorum.step
