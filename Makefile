@@ -58,14 +58,14 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	NVRX_LAB_SMOKE=1 $(PY) -m pytest tests -q -m slow
 
-# The peers extra (NVRx 0.4.1) in the same environment, the tests of every peer row, then every benchmark at
+# The peers extra (NVRx 0.4.1, torchft 0.2.0) in the same environment, the tests of every peer row, then every benchmark at
 # quick size with its peers side by side (tables on stdout, JSON under build/bench/).
 peers: $(STAMP)
 	$(PY) -m pip install -e '.[test,peers]'
 	NVRX_LAB_SMOKE=1 $(PY) -m pytest tests/test_peers.py -q -p no:cacheprovider
 	@failed=""; \
 	for b in "checkpoint --quick" "launcher --quick" "recovery --quick" "efficiency --quick" "local --quick" \
-	         "goodput --quick" "nodes --quick" "reliability --quick" "straggler --quick" "stability --runs 2" \
+	         "goodput --quick" "nodes --quick" "reliability --quick" "replicas --quick" "straggler --quick" "stability --runs 2" \
 	         "scale --ranks 8 64 512"; do \
 		echo "== python -m nvrx_lab.bench $$b"; $(PY) -m nvrx_lab.bench $$b || failed="$$failed\n  $$b"; \
 	done; \

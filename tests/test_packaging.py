@@ -32,7 +32,9 @@ def test_torch_is_pinned_and_peers_are_optional():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert "torch==2.13.0" in project["dependencies"]
     assert not any(_name(d) == "nvidia-resiliency-ext" for d in project["dependencies"])
-    assert project["optional-dependencies"]["peers"] == ["nvidia-resiliency-ext==0.4.1"]
+    peers = project["optional-dependencies"]["peers"]
+    assert "nvidia-resiliency-ext==0.4.1" in peers and "torchft==0.2.0" in peers
+    assert not any(_name(d) in ("nvidia-resiliency-ext", "torchft") for d in project["dependencies"])
 
 
 @pytest.mark.parametrize("module", ["nvrx_lab", "nvrx_lab.checkpoint", "nvrx_lab.inprocess", "nvrx_lab.launcher",

@@ -37,6 +37,9 @@ from nvrx_lab.train.data import SyntheticTokens
 from nvrx_lab.train.hooks import Attempt
 from nvrx_lab.train.state import TrainState, build_model
 
+JOINER_PATIENCE_S = 5.0
+"""The least a step with a replacement in it waits before the coordinator hears of it."""
+
 
 class ReplicaStep:
     """One rank's part of step ``step``: the rows it computed, their summed loss, the reduced gradients."""
@@ -225,6 +228,8 @@ def _reduce(work: ReplicaStep, group: ReplicaGroup, client: ReplicaClient, quoru
     """Sum the step's gradients over the members; the step it finished (:class:`StepAborted` if it did not)."""
     flat = work.flat()
     wait = patience or (max(0.05, 2 * statistics.median(periods[-20:])) if periods else 5.0)
+    if quorum.joiners:  # a replacement's first step runs cold (caches, allocator): not a hang at twice a warm step
+        wait = max(wait, JOINER_PATIENCE_S)
     group.all_reduce(flat, lambda: client.aborted(quorum.qid), wait, lambda: client.stuck(quorum.step, quorum.qid))
     work.reduced = flat
     return quorum.step

@@ -1,0 +1,194 @@
+"""``python -m nvrx_lab.bench replicas``: what a fault in one replica group costs the others, ours and torchft's.
+
+Three replica groups of one rank train the same small model; one fault (an exception, a SIGKILL, a hang) hits
+replica 1 at step ``--fault-step``, and its launcher (torchrun ``--max-restarts``) starts a replacement, which
+heals from a live replica. Ours: ``python -m nvrx_lab.replicas.local`` (a coordinator, a quorum per step, the
+survivors redo the step with the lost rows). torchft 0.2.0 as its README runs it (Lighthouse, ``Manager``,
+``ProcessGroupGloo``, DDP, ``min_replica_size`` 1; :mod:`._replicas_torchft`), when the peers extra is installed.
+Per system and fault, the medians of ``--runs`` runs:
+
+* ``survivor_stall_x`` — the survivors' longest step from the fault to the end ÷ their median step before it
+  (the rejoin included);
+* ``steps_lost`` — steps the survivors computed and did not commit (a redo), plus any committed step lost;
+* ``heal_s`` — ours: the fault to the replacement's first committed step (``start_s`` of it: until its process
+  ran, ``transfer_s``: the state's transfer); torchft: the replacement's spawn to its first participating commit
+  (its harness holds a hung victim before killing it);
+* ``samples_lost`` / ``samples_duplicated`` — from the data ledger of committed steps;
+* ``goodput`` — committed samples per second ÷ a fault-free run's.
+
+A last row of ours: one run through ``--many`` faults (every kind, on every replica in turn), its ledger.
+``--quick``: one run per fault, 6 faults in the long run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from nvrx_lab.cli import Parser
+from nvrx_lab.observe.events import read_events
+from nvrx_lab.observe.table import exit_status, report
+from nvrx_lab.replicas import ledger
+from nvrx_lab.replicas.local import run_local
+
+MODEL = ["--seq-len", "32", "--dim", "64", "--n-layers", "2", "--n-heads", "2", "--hidden-dim", "128",
+         "--global-batch", "12", "--log-every", "0", "--threads", "1"]
+"""The torchft rows' model (one torch thread per replica there too)."""
+KINDS = ("exception", "sigkill", "hang")
+VICTIM = 1
+
+
+def _steps(out: Path, replica: int) -> list[dict]:
+    """A replica's committed steps in order (a replacement's continue its predecessor's)."""
+    return sorted(read_events(out / f"replica{replica}.jsonl", "step"), key=lambda e: e["step"])
+
+
+def _gaps(steps: list[dict]) -> dict[int, float]:
+    """Step -> seconds since the step before it committed (on this replica)."""
+    return {b["step"]: b["t"] - a["t"] for a, b in zip(steps, steps[1:], strict=False) if b["step"] == a["step"] + 1}
+
+
+def measure(out: Path, replicas: int, fault_step: int | None, global_batch: int) -> dict:
+    """One run's figures from its event streams (``fault_step`` None: a fault-free run)."""
+    coord = read_events(out / "coordinator.jsonl")
+    quorums = [e for e in coord if e["kind"] == "quorum"]
+    redos = sum(1 for a, b in zip(quorums, quorums[1:], strict=False) if b["step"] == a["step"])
+    book = ledger.check_dir(out, global_batch)
+    survivors = [r for r in range(replicas) if fault_step is None or r != VICTIM]
+    steps = {r: _steps(out, r) for r in survivors}
+    first, last = min(s[0]["t"] for s in steps.values()), max(s[-1]["t"] for s in steps.values())
+    row = {"steps": book.steps, "steps_lost": redos, "samples_lost": book.lost, "samples_duplicated": book.duplicated,
+           "samples_per_s": (book.steps - 1) * global_batch / (last - first)}
+    gaps = {r: _gaps(s) for r, s in steps.items()}
+    if fault_step is None:
+        row["median_step_s"] = statistics.median(g for gs in gaps.values() for g in gs.values())
+        return row
+    before = [g for gs in gaps.values() for s, g in gs.items() if 2 < s < fault_step]
+    row["median_step_s"] = statistics.median(before)
+    row["survivor_stall_x"] = max(g for gs in gaps.values() for s, g in gs.items() if s >= fault_step) / row["median_step_s"]
+    lost = [e for e in coord if e["kind"] == "replica_lost" and e["replica"] == VICTIM]
+    events = read_events(out / f"replica{VICTIM}.jsonl")
+    back = [e for e in events if e["kind"] == "step" and lost and e["t"] > lost[0]["t"]]
+    starts = [e for e in events if e["kind"] == "start" and e.get("restart_count")]
+    healed = [e for e in events if e["kind"] == "healed"]
+    if not (lost and back and starts and healed):
+        raise RuntimeError(f"replica {VICTIM} was not lost and healed (see {out})")
+    row.update(heal_s=back[0]["t"] - lost[0]["t"], start_s=starts[0]["t"] - lost[0]["t"], transfer_s=healed[0]["seconds"])
+    return row
+
+
+def ours(root: Path, fault: str | None, steps: int, fault_step: int, replicas: int = 3, faults: str = "",
+         min_replicas: int = 1) -> dict:
+    """One run of ours (``faults`` overrides the single fault); its :func:`measure` and wall time."""
+    out = root / f"ours-{fault or 'none'}-{time.monotonic_ns()}"
+    spec = faults or (f"{VICTIM}:{fault_step}:{fault}" if fault else "")
+    args = [*MODEL, "--steps", str(steps), *(["--faults", spec] if spec else [])]
+    t0 = time.monotonic()
+    code = run_local(replicas, 1, out, args, max_restarts=max(3, spec.count(",") + 1), timeout=600,
+                     min_replicas=min_replicas)
+    if code != 0:
+        logs = "".join(f"\n--- {p.name}\n{p.read_text()[-1500:]}" for p in sorted(out.glob("replica*.log")))
+        raise RuntimeError(f"a replica group exited {code}{logs}")
+    row = measure(out, replicas, fault_step if fault and not faults else None, 12)
+    return {**row, "wall_s": time.monotonic() - t0}
+
+
+def many_faults(n: int, gap: int = 3) -> tuple[str, int]:
+    """``n`` faults, every kind, on replicas 1 and 2 in turn, ``gap`` steps apart; the schedule and the steps to run.
+    Replica 0 is never hit and the run uses ``--min-replicas 2``: a live replica always holds the state, a new step
+    waits for a replacement once one group is left, and a replacement fires the faults of the steps it skipped, so
+    every fault fires whatever the box's speed."""
+    spec = ",".join(f"{1 + i % 2}:{4 + gap * i}:{KINDS[i % len(KINDS)]}" for i in range(n))
+    return spec, 4 + gap * n + 4
+
+
+def _median_row(system: str, fault: str, runs: list[dict], clean: dict | None, failed: list[str]) -> dict:
+    row: dict = {"system": system, "fault": fault, "runs": f"{len(runs)}/{len(runs) + len(failed)}"}
+    for key in ("survivor_stall_x", "steps_lost", "heal_s", "start_s", "transfer_s", "samples_lost",
+                "samples_duplicated", "median_step_s", "wall_s"):
+        values = [r[key] for r in runs if key in r]
+        row[key] = statistics.median(values) if values else None
+    if clean and runs:
+        row["goodput"] = statistics.median(r["samples_per_s"] for r in runs) / clean["samples_per_s"]
+    if failed:
+        row["error"] = failed[0][-3000:]
+    return row
+
+
+def _repeat(fn, runs: int, label: str) -> tuple[list[dict], list[str]]:
+    done, failed = [], []
+    for i in range(runs):
+        try:
+            done.append(fn())
+        except RuntimeError as e:
+            print(f"[bench replicas] {label} run {i + 1}: FAILED\n{e}", flush=True)
+            failed.append(str(e))
+    return done, failed
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = Parser(prog="python -m nvrx_lab.bench replicas", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="one run per fault, 6 faults in the long run")
+    ap.add_argument("--runs", type=int, default=10, help="runs per system and fault (default 10)")
+    ap.add_argument("--steps", type=int, default=400,
+                    help="steps of each run (default 400: the replacement, ~4 s to start, joins before the end)")
+    ap.add_argument("--fault-step", type=int, default=20, help="the step the fault hits replica 1 at (default 20)")
+    ap.add_argument("--many", type=int, default=20, help="faults of the long run (default 20; 0: no long run)")
+    ap.add_argument("--peers", choices=["auto", "no"], default="auto", help="torchft rows when installed (auto)")
+    ap.add_argument("--out", default="build/bench/replicas.json")
+    a = ap.parse_args(argv)
+    if not 4 <= a.fault_step <= a.steps - 4:
+        ap.error(f"--fault-step must be in 4..--steps - 4 ({a.steps - 4}), got {a.fault_step}")
+    runs, many = (1, min(a.many, 6)) if a.quick else (a.runs, a.many)
+    if runs < 1:
+        ap.error(f"--runs must be >= 1, got {runs}")
+    rows, failed = [], []
+    with tempfile.TemporaryDirectory(prefix="nvrx-replicas-") as tmp:
+        root = Path(tmp)
+        clean_runs, errors = _repeat(lambda: ours(root, None, a.steps, a.fault_step), 1, "ours fault-free")
+        clean = clean_runs[0] if clean_runs else None
+        rows.append(_median_row("nvrx_lab", "none", clean_runs, clean, errors))
+        for kind in KINDS:
+            done, errors = _repeat(lambda k=kind: ours(root, k, a.steps, a.fault_step), runs, f"ours {kind}")
+            rows.append(_median_row("nvrx_lab", kind, done, clean, errors))
+        rows += torchft_rows(root, a, runs)
+        if many:
+            spec, steps = many_faults(many)
+            done, errors = _repeat(lambda: ours(root, None, steps, 0, faults=spec, min_replicas=2), 1,
+                                   f"ours {many} faults")
+            rows.append(_median_row("nvrx_lab", f"{many} faults", done, None, errors))
+    failed = [f"{r['system']} {r['fault']}" for r in rows if r.get("error")]
+    command = ("python -m nvrx_lab.bench replicas " + shlex.join(argv if argv is not None else sys.argv[1:])).strip()
+    report("replicas", rows, a.out, command, columns=[
+        "system", "fault", "runs", "survivor_stall_x", "steps_lost", "heal_s", "start_s", "transfer_s", "samples_lost",
+        "samples_duplicated", "goodput", "median_step_s", "wall_s"])
+    return exit_status(failed)
+
+
+def torchft_rows(root: Path, a, runs: int) -> list[dict]:
+    """torchft 0.2.0's rows, the same faults (skipped, and said so, without the peers extra)."""
+    if a.peers == "no":
+        return []
+    if importlib.util.find_spec("torchft") is None:
+        print("[bench replicas] torchft: skipped (torchft not installed; pip install -e '.[peers]')", flush=True)
+        return []
+    from nvrx_lab.bench._replicas_torchft import run_torchft
+
+    system, rows = "torchft 0.2.0", []
+    clean_runs, errors = _repeat(lambda: run_torchft("none", root / "tf-none"), 1, "torchft fault-free")
+    clean = clean_runs[0] if clean_runs else None
+    rows.append(_median_row(system, "none", clean_runs, clean, errors))
+    for kind in KINDS:
+        done, errors = _repeat(lambda k=kind: run_torchft(k, root / f"tf-{k}-{time.monotonic_ns()}"), runs,
+                               f"torchft {kind}")
+        rows.append(_median_row(done[0]["system"] if done else system, kind, done, clean, errors))
+    return rows
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""Replica groups (nvrx_lab.replicas): the batch is shared exactly once however members come and go; a fault costs
+the survivors a step, never a restart; a replacement heals from a live peer; the loss curve is a fault-free run's.
+
+The end-to-end runs are real: a coordinator, three torchrun jobs of the trainer, real sockets and signals
+(``python -m nvrx_lab.replicas.local``), faults from a deterministic schedule (rank = replica id x ranks + rank).
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+
+import pytest
+
+from nvrx_lab.observe.events import read_events
+from nvrx_lab.replicas import ledger
+from nvrx_lab.replicas.config import ReplicaConfig
+from nvrx_lab.replicas.protocol import Quorum, StepShares, rank_part, share
+
+TINY = ["--seq-len", "16", "--dim", "32", "--n-layers", "1", "--n-heads", "2", "--hidden-dim", "64",
+        "--global-batch", "12", "--log-every", "0"]
+
+
+def _flat(ranges) -> list[int]:
+    return [r for rng in ranges for r in rng]
+
+
+@pytest.mark.parametrize("batch,parts", [(12, 3), (7, 3), (5, 5), (16, 1), (3, 4)])
+def test_shares_cover_the_batch_once(batch, parts):
+    rows = sorted(r for i in range(parts) for r in share(batch, parts, i))
+    assert rows == list(range(batch))
+    with pytest.raises(ValueError, match="index 3 is not among 3 parts"):
+        share(batch, 3, 3)
+
+
+def test_members_leaving_mid_step_hand_their_rows_to_the_survivors_exactly_once():
+    rng = random.Random(0)
+    for _ in range(300):
+        batch, members = rng.randint(1, 40), tuple(sorted(rng.sample(range(8), rng.randint(1, 8))))
+        shares = StepShares(batch, Quorum(0, 1, members, None))
+        computed = {m: _flat(shares.rows(m)) for m in members}
+        while len(members) > 1 and rng.random() < 0.8:  # aborts of the same step, one or more members at a time
+            members = tuple(sorted(rng.sample(members, rng.randint(1, len(members) - 1))))
+            for m, part in shares.redo(Quorum(1, 1, members, None)).items():
+                computed[m] += _flat(part)
+        held = sorted(r for m in members for r in _flat(shares.rows(m)))
+        assert held == list(range(batch))
+        assert all(sorted(computed[m]) == _flat(shares.rows(m)) for m in members)  # what a survivor holds it computed
+    with pytest.raises(ValueError, match="cannot admit"):
+        StepShares(4, Quorum(0, 1, (0, 1), None)).redo(Quorum(1, 1, (0, 2), None))
+
+
+def test_a_replicas_rows_split_among_its_ranks():
+    rows = [range(0, 3), range(7, 10)]
+    parts = [_flat(rank_part(rows, k, 4)) for k in range(4)]
+    assert sorted(r for p in parts for r in p) == [0, 1, 2, 7, 8, 9] and max(map(len, parts)) - min(map(len, parts)) <= 1
+
+
+def _quorum(step, committed):
+    return {"kind": "quorum", "step": step, "committed": committed}
+
+
+def _rows(step, qid, replica, *rows):
+    return {"kind": "ledger", "step": step, "qid": qid, "replica": replica, "rows": [list(r) for r in rows]}
+
+
+def test_the_ledger_counts_lost_and_duplicated_rows_of_committed_steps_only():
+    coord = [_quorum(1, None), _quorum(2, 1), _quorum(2, None), _quorum(3, 2)]
+    good = [_rows(1, 0, 0, (0, 6)), _rows(1, 0, 1, (6, 12)),
+            _rows(2, 0, 0, (0, 6)), _rows(2, 0, 1, (6, 9)),  # aborted: replica 2 died (its rows never reduced)
+            _rows(2, 1, 0, (0, 6), (9, 10)), _rows(2, 1, 1, (6, 9), (10, 12))]  # redone by the survivors
+    assert ledger.check(coord, good, 12).exact and ledger.check(coord, good, 12).steps == 2
+    lost = ledger.check(coord, good[:-1], 12)
+    assert (lost.lost, lost.duplicated, lost.bad_steps) == (5, 0, [2])
+    dup = ledger.check(coord, [*good, _rows(2, 1, 2, (0, 1))], 12)
+    assert (dup.lost, dup.duplicated) == (0, 1) and "steps [2] wrong" in dup.line()
+
+
+def test_bad_replica_settings_name_the_flag():
+    with pytest.raises(ValueError, match=r"--replica-id 3 must be in 0..--replicas - 1 \(--replicas 3\)"):
+        ReplicaConfig(coordinator="h:1", replica_id=3, replicas=3)
+    with pytest.raises(ValueError, match="--coordinator 'nohost' must be HOST:PORT"):
+        ReplicaConfig(coordinator="nohost")
+    with pytest.raises(ValueError, match="--replica-patience"):
+        ReplicaConfig(coordinator="h:1", patience=-1)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("flags,names", [
+    (["--restart", "replicas"], "--coordinator"),
+    (["--restart", "replicas", "--coordinator", "127.0.0.1:1", "--replicas", "2", "--replica-id", "2"], "--replica-id"),
+    (["--coordinator", "127.0.0.1:1"], "--restart replicas"),
+    (["--restart", "replicas", "--coordinator", "127.0.0.1:1", "--ckpt", "async"], "--ckpt"),
+])
+def test_the_trainer_refuses_a_replica_usage_error_in_one_line(flags, names, tmp_path):
+    p = subprocess.run([sys.executable, "-m", "nvrx_lab.train", *TINY, "--steps", "2", *flags], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=100)
+    errors = [ln for ln in p.stderr.splitlines() if ln.startswith("error:") or ": error:" in ln]
+    assert p.returncode == 2 and len(errors) == 1 and names in errors[0], p.stderr[-2000:]
+    assert "Traceback" not in p.stderr
+
+
+def _local(out, replicas, nproc, steps, faults="", max_restarts=3, timeout=240, min_replicas=1):
+    argv = [sys.executable, "-m", "nvrx_lab.replicas.local", "--replicas", str(replicas), "--nproc", str(nproc),
+            "--max-restarts", str(max_restarts), "--timeout", str(timeout), "--out", str(out),
+            "--min-replicas", str(min_replicas), "--",
+            *TINY, "--steps", str(steps), *(["--faults", faults] if faults else [])]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout + 60)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:] + "".join(
+        f"\n--- {f.name}\n{f.read_text()[-2000:]}" for f in sorted(out.glob("replica*.log")))
+    return p.stdout
+
+
+def _losses(out) -> dict[int, float]:
+    """Committed step -> loss, as every replica reported it (they must agree)."""
+    seen: dict[int, set[float]] = {}
+    for f in out.glob("replica*.jsonl"):
+        for e in read_events(f, "step"):
+            seen.setdefault(e["step"], set()).add(e["loss"])
+    assert all(len(v) == 1 for v in seen.values()), {s: v for s, v in seen.items() if len(v) > 1}
+    return {s: v.pop() for s, v in seen.items()}
+
+
+@pytest.mark.timeout(600)
+def test_survivors_train_through_an_exception_a_hang_and_a_kill_on_a_fault_free_curve(tmp_path):
+    """Replica 0 is never hit, so a live replica always holds the state; with --min-replicas 2 a new step waits for
+    a replacement once only one group is left, so every fault fires (a replacement that joins late fires the faults
+    of the steps it skipped: ``FaultInjector.catch_up``) and every replacement heals, however slow the box."""
+    steps = 14
+    said = _local(tmp_path / "faults", 3, 1, steps, "1:4:exception,2:7:hang,1:9:sigkill", min_replicas=2)
+    assert "ledger: 14 committed steps, 0 samples lost, 0 duplicated" in said, said
+    _local(tmp_path / "clean", 2, 1, steps)
+    faulty, clean = _losses(tmp_path / "faults"), _losses(tmp_path / "clean")
+    assert sorted(clean) == list(range(1, steps + 1)) and set(faulty) == set(clean)
+    assert max(abs(faulty[s] - clean[s]) for s in clean) < 1e-6
+    coord = read_events(tmp_path / "faults" / "coordinator.jsonl")
+    lost = [e for e in coord if e["kind"] == "replica_lost"]
+    # each fault cost its own replica and nobody else (a replacement healing while a member dies restarts once more)
+    assert {e["replica"] for e in lost} == {1, 2} and len(lost) >= 3, lost
+    assert any(e["replica"] == 2 and e["why"].startswith("hang") for e in lost), lost
+    quorums = [e for e in coord if e["kind"] == "quorum"]
+    assert [q["step"] for q in quorums] == sorted(q["step"] for q in quorums)  # never a step back
+    assert sum(1 for a, b in zip(quorums, quorums[1:], strict=False) if a["step"] == b["step"]) <= 3  # a redo a fault
+    healed = [e for r in (1, 2) for e in read_events(tmp_path / "faults" / f"replica{r}.jsonl", "healed")]
+    sent = [e for f in (tmp_path / "faults").glob("replica*.jsonl") for e in read_events(f, "heal_sent")]
+    assert len(healed) >= 2 and sent and min(e["bytes"] for e in sent) > 0
+
+
+@pytest.mark.slow  # not yet 20/20: a replaced group's two workers sometimes hang in init_process_group (issue 36 note)
+@pytest.mark.timeout(600)
+def test_fsdp_inside_each_replica_group_survives_a_killed_rank(tmp_path):
+    said = _local(tmp_path, 2, 2, 10, "3:4:sigkill", min_replicas=2)
+    assert "ledger: 10 committed steps, 0 samples lost, 0 duplicated" in said, said
+    assert read_events(tmp_path / "replica1.jsonl", "healed")
