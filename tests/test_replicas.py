@@ -141,7 +141,8 @@ def test_survivors_train_through_an_exception_a_hang_and_a_kill_on_a_fault_free_
     assert any(e["replica"] == 2 and e["why"].startswith("hang") for e in lost), lost
     quorums = [e for e in coord if e["kind"] == "quorum"]
     assert [q["step"] for q in quorums] == sorted(q["step"] for q in quorums)  # never a step back
-    assert sum(1 for a, b in zip(quorums, quorums[1:], strict=False) if a["step"] == b["step"]) <= 3  # a redo a fault
+    redos = sum(1 for a, b in zip(quorums, quorums[1:], strict=False) if a["step"] == b["step"])
+    assert redos <= len(lost), quorums  # a loss costs the others one redo at most
     healed = [e for r in (1, 2) for e in read_events(tmp_path / "faults" / f"replica{r}.jsonl", "healed")]
     sent = [e for f in (tmp_path / "faults").glob("replica*.jsonl") for e in read_events(f, "heal_sent")]
     assert len(healed) >= 2 and sent and min(e["bytes"] for e in sent) > 0

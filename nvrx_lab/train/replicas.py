@@ -37,8 +37,9 @@ from nvrx_lab.train.data import SyntheticTokens
 from nvrx_lab.train.hooks import Attempt
 from nvrx_lab.train.state import TrainState, build_model
 
-JOINER_PATIENCE_S = 5.0
-"""The least a step with a replacement in it waits before the coordinator hears of it."""
+COLD_PATIENCE_S = 5.0
+"""The least a step with a replacement in it, or a redo, waits before the coordinator hears of it (on a loaded box a
+re-formed group's first reduction took more than twice a warm step, and a healthy member was dropped as hung)."""
 
 
 class ReplicaStep:
@@ -228,8 +229,8 @@ def _reduce(work: ReplicaStep, group: ReplicaGroup, client: ReplicaClient, quoru
     """Sum the step's gradients over the members; the step it finished (:class:`StepAborted` if it did not)."""
     flat = work.flat()
     wait = patience or (max(0.05, 2 * statistics.median(periods[-20:])) if periods else 5.0)
-    if quorum.joiners:  # a replacement's first step runs cold (caches, allocator): not a hang at twice a warm step
-        wait = max(wait, JOINER_PATIENCE_S)
+    if quorum.joiners or quorum.committed is None:  # a replacement's first step, or a redo on a group just re-formed,
+        wait = max(wait, COLD_PATIENCE_S)          # runs cold: not a hang at twice a warm step
     group.all_reduce(flat, lambda: client.aborted(quorum.qid), wait, lambda: client.stuck(quorum.step, quorum.qid))
     work.reduced = flat
     return quorum.step
