@@ -63,11 +63,19 @@ def curve_problem(events: list[dict], steps: int) -> str | None:
     return f"a redone step gave another loss: {redone}" if redone else None
 
 
-def resume_problem(events: list[dict]) -> str | None:
-    """Why some resume loaded a step that had not committed before it (``None`` if none did)."""
+def resume_problem(events: list[dict], ckpt_dir: Path | None = None) -> str | None:
+    """Why some resume loaded a step that had not committed before it (``None`` if none did). A commit is the
+    ``ckpt_commit`` event, or the manifest in ``ckpt_dir`` written before the resume: a rank killed between writing
+    the manifest and its event committed the step all the same."""
     committed: set[int] = set()
+    on_disk = {}
+    if ckpt_dir is not None:
+        for manifest in Path(ckpt_dir).glob("step_*/nvrx_commit.json"):
+            on_disk[int(manifest.parent.name.split("_")[1])] = manifest.stat().st_mtime
     for e in sorted(events, key=lambda e: e["t"]):
         if e["kind"] == "ckpt_commit":
+            committed.add(e["step"])
+        elif e["kind"] == "resume" and on_disk.get(e["step"], float("inf")) <= e["t"]:
             committed.add(e["step"])
         elif e["kind"] == "resume" and e["step"] not in committed:
             return f"rank {e['rank']} resumed from step {e['step']}, committed before it: {sorted(committed)}"
@@ -119,7 +127,7 @@ def check_run(row: Row, name: str, cmd: list[str], work: Path, expect_faults: in
     why = (f"exit code {res.returncode}: {_failure_lines(res.output)}" if res.returncode != 0 else
            f"{len(fired)} faults fired, expected {expect_faults}" if len(fired) != expect_faults else
            f"no fault fired in phase {expect_phase}" if expect_phase not in {e.get("phase") for e in fired} else
-           curve_problem(events, STEPS) or resume_problem(events))
+           curve_problem(events, STEPS) or resume_problem(events, work / "ckpt"))
     row.check(why is None, f"{name}: {why}")
     row.figures.setdefault("wall_s", {})[name] = round(res.wall_s, 1)
 
