@@ -154,3 +154,14 @@ def test_fsdp_inside_each_replica_group_survives_a_killed_rank(tmp_path):
     said = _local(tmp_path, 2, 2, 10, "3:4:sigkill", min_replicas=2)
     assert "ledger: 10 committed steps, 0 samples lost, 0 duplicated" in said, said
     assert read_events(tmp_path / "replica1.jsonl", "healed")
+
+
+@pytest.mark.timeout(120)
+def test_the_coordinator_forms_a_quorum_a_step_with_one_message_in_and_one_out_per_rank():
+    """``bench scale``'s replica row, small: the real coordinator and real connections, 6 groups x 2 ranks over two
+    processes; each step one join per group in and one quorum per rank out, and every step timed."""
+    from nvrx_lab.bench._scale_replicas import measure_replicas
+
+    row = measure_replicas(groups=6, ranks=2, steps=8, processes=2, timeout=60)
+    assert row["msgs_in_per_replica_step"] == 1 and row["msgs_out_per_replica_step"] == 2
+    assert 0 < row["quorum_ms"] <= row["quorum_p95_ms"] and row["coordinator_cpu_ms_per_step"] >= 0  # 10 ms ticks

@@ -21,6 +21,10 @@ operation and times what a user waits for:
   the gathered N-rank matrix (the real :class:`~nvrx_lab.straggler.Detector`), and what its all-gather
   brings each rank (3 float64 per rank; the gloo collective itself is not simulated).
 
+``--replica-groups 128 --ranks-per-group 8``: one more row, the replica coordinator's quorum per step with that many
+replica groups (``_scale_replicas``: the real coordinator, every rank a real connection): ``quorum_ms`` from the last
+group's join to every rank holding the quorum, messages per replica per step, the coordinator's CPU per step.
+
 ``--protocols new legacy``: ``legacy`` is the first version (``_scale_legacy.py``), where every
 rank polled every rank's keys; it runs up to ``--legacy-max-ranks`` (it is O(N^2) per event).
 """
@@ -38,6 +42,7 @@ from nvrx_lab.bench._scale_commit import measure_commit
 from nvrx_lab.bench._scale_heartbeats import measure_heartbeats
 from nvrx_lab.bench._scale_model import Ranks
 from nvrx_lab.bench._scale_procs import measure_restart_procs
+from nvrx_lab.bench._scale_replicas import measure_replicas
 from nvrx_lab.bench._scale_restart import measure_restart
 from nvrx_lab.bench._scale_straggler import measure_straggler_report
 from nvrx_lab.cli import Parser
@@ -100,6 +105,23 @@ def measure(n: int, protocol: str, a) -> dict:
     return row
 
 
+def replica_row(a) -> dict:
+    """The replica coordinator's row (a failure is the row's error, never a silent nan)."""
+    n, t = a.replica_groups * a.ranks_per_group, time.monotonic()
+    row: dict = {"ranks": n, "protocol": f"replicas {a.replica_groups}x{a.ranks_per_group}"}
+    try:
+        row.update(measure_replicas(a.replica_groups, a.ranks_per_group, a.replica_steps,
+                                    processes=max(1, -(-n // a.ranks_per_process)), timeout=a.timeout))
+    except Exception as e:
+        row["error"] = f"{type(e).__name__}: {e}"[:300]
+    row["wall_s"] = time.monotonic() - t
+    print(f"[scale] {n:5d} ranks {row['protocol']}: quorum {row.get('quorum_ms', float('nan')):.2f} ms (p95 "
+          f"{row.get('quorum_p95_ms', float('nan')):.2f}), {row.get('msgs_in_per_replica_step', '-')} message(s) in and "
+          f"{row.get('msgs_out_per_replica_step', '-')} out per replica per step, coordinator CPU "
+          f"{row.get('coordinator_cpu_ms_per_step', float('nan')):.2f} ms per step {row.get('error', '')}", flush=True)
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ap = Parser(prog="python -m nvrx_lab.bench scale", description=__doc__.splitlines()[0])
@@ -112,10 +134,16 @@ def main(argv: list[str] | None = None) -> int:
                          "(one interpreter's GIL, not the protocol, bounds a restart of 1,024 threads)")
     ap.add_argument("--timeout", type=float, default=300.0, help="bound on each measured phase, s")
     ap.add_argument("--workdir", default=None, help="folder for the simulated saves (default: the system's temp)")
+    ap.add_argument("--replica-groups", type=int, default=128, help="replica groups of the coordinator's row (0: none)")
+    ap.add_argument("--ranks-per-group", type=int, default=8)
+    ap.add_argument("--replica-steps", type=int, default=30, help="quorums the coordinator's row times")
     ap.add_argument("--out", default="build/bench/scale.json")
     a = ap.parse_args(argv)
     if min(a.ranks) < 2:
         ap.error(f"--ranks must be >= 2, got {a.ranks}")
+    if a.replica_groups < 0 or a.ranks_per_group < 1 or a.replica_steps < 3:
+        ap.error(f"--replica-groups must be >= 0 (0: no row), --ranks-per-group >= 1 and --replica-steps >= 3, got "
+                 f"{a.replica_groups}, {a.ranks_per_group} and {a.replica_steps}")
     rows = []
     for n in a.ranks:
         for protocol in a.protocols:
@@ -130,12 +158,15 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row.get('store_ops_per_restart', '-')} store ops; heartbeats {row.get('heartbeat_store_ops_per_s', '-')}"
                   f" ops/s; commit {row.get('commit_fs_ops_per_save', '-')} fs ops, idle step "
                   f"{row.get('idle_step_fs_ops', '-')} {row.get('error', '')}", flush=True)
+    if a.replica_groups:
+        rows.append(replica_row(a))
     report("scale", rows, a.out, "python -m nvrx_lab.bench scale " + shlex.join(argv),
            extra={"heartbeat_interval_s": a.heartbeat_interval},
            columns=["ranks", "protocol", "restart_s", "store_ops_per_restart", "ops_per_rank",
                     "heartbeat_store_ops_per_s", "judge_ms", "commit_fs_ops_per_save", "idle_step_fs_ops",
                     "straggler_report_ms", "straggler_bytes_per_rank", "rendezvous0_s", "processes", "connect_s",
-                    "wall_s", "error"])
+                    "quorum_ms", "quorum_p95_ms", "msgs_in_per_replica_step", "msgs_out_per_replica_step",
+                    "coordinator_cpu_ms_per_step", "wall_s", "error"])
     failed = [r for r in rows if "error" in r]
     for r in failed:
         print(f"[scale] FAILED: {r['ranks']} ranks, {r['protocol']}: {r['error']}", file=sys.stderr)

@@ -42,13 +42,11 @@ class Member:
     alive: bool = True
     healing: bool = False
     """Said hello after the first quorum: it needs a live member's state."""
-    joined: int | None = None
-    """The step its rank 0 asked to compute next."""
+    joined: int | None = None  # the step its rank 0 asked to compute next
     done: int | None = None
     """The last step it finished (its reduction completed on every rank)."""
     stuck: bool = False
-    finished: bool = False
-    """Trained the last step and said bye."""
+    finished: bool = False  # trained the last step and said bye
     last_beat: float = field(default_factory=time.monotonic)
 
 
@@ -62,8 +60,7 @@ class Coordinator:
         self.quorum: Quorum | None = None
         self.aborted = False
         self.committed: int | None = None
-        self.over = False
-        """Every member trained the last step."""
+        self.over = False  # every member trained the last step
         self.state_lost: str | None = None
         """Why the job cannot go on: every member failed before a replacement took its state (no checkpoint here)."""
         self.lock = threading.RLock()
@@ -71,6 +68,7 @@ class Coordinator:
         self._send_locks: dict[socket.socket, threading.Lock] = {}
         self._qid = 0
         self._formed_at = time.monotonic()
+        self._unjoined: set[int] = set()  # members of the current quorum that have not joined the next step
 
     def hello(self, conn: socket.socket, msg: dict) -> None:
         with self.lock:
@@ -96,7 +94,9 @@ class Coordinator:
             m.joined, m.stuck = step, False
             if done is not None:
                 m.done = done
-            self._form()
+            self._unjoined.discard(replica)
+            if not self._unjoined or self.aborted:  # while members of the quorum still compute: nothing to decide
+                self._form()
 
     def stuck(self, replica: int, qid: int) -> None:
         """A rank of ``replica`` waits too long in quorum ``qid``'s reduction: is every other member waiting for the
@@ -214,18 +214,18 @@ class Coordinator:
         for r in joiners:
             self.members[r].healing = False
         self.emit("quorum", qid=self._qid, step=step, members=list(members), committed=committed, joiners=list(joiners))
-        message = json.loads(self.quorum.to_json())
+        message, self._unjoined = encode(json.loads(self.quorum.to_json())), set(members)  # encoded once
         for r in members:
             m = self.members[r]
             m.stuck, m.joined = False, None
             for conn in m.conns.values():  # every rank of a member: one small answer each
                 self._send(conn, message)
 
-    def _send(self, conn: socket.socket, message: dict) -> None:
+    def _send(self, conn: socket.socket, message: dict | bytes) -> None:
         lock = self._send_locks.setdefault(conn, threading.Lock())
         try:
             with lock:
-                conn.sendall(encode(message))
+                conn.sendall(message if isinstance(message, bytes) else encode(message))
         except OSError:
             pass  # its reader sees the connection close and reports the loss
 
