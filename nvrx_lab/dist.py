@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 import weakref
 from dataclasses import dataclass
 from datetime import timedelta
@@ -35,6 +36,8 @@ class LaunchEnv:
     master_addr: str = ""
     """Where rank 0's store listens (empty: a plain single process, a world of one)."""
     master_port: int = 0
+    launcher_tolerates: int | None = None
+    """Workers of this node ``nvrx_lab.launcher`` lets go without restarting the group (None: not under it)."""
 
     @property
     def launched(self) -> bool:
@@ -47,7 +50,8 @@ class LaunchEnv:
         num = lambda name, default: int(env.get(name) or default)  # noqa: E731
         return cls(num("RANK", 0), num("WORLD_SIZE", 1), num("LOCAL_RANK", 0), num("LOCAL_WORLD_SIZE", 1),
                    num("GROUP_RANK", 0), num("TORCHELASTIC_RESTART_COUNT", 0), env.get("MASTER_ADDR", ""),
-                   num("MASTER_PORT", 0))
+                   num("MASTER_PORT", 0),
+                   int(env["NVRX_LAB_LAUNCHER_TOLERATES"]) if env.get("NVRX_LAB_LAUNCHER_TOLERATES") else None)
 
 
 def export_env(values: dict[str, str], keep_set: bool = False) -> None:
@@ -56,6 +60,15 @@ def export_env(values: dict[str, str], keep_set: bool = False) -> None:
     for name, value in values.items():
         if not (keep_set and name in os.environ):
             os.environ[name] = value
+
+
+def deterministic() -> None:
+    """``torch.use_deterministic_algorithms(True)`` without its ``import torch._inductor.config``, which loads
+    dynamo and inductor (~800 modules: 0.3-1 s of every worker start on 2 cores, a third of a warm restart);
+    nvrx_lab compiles nothing. Inductor's own flag is set too when something loaded it."""
+    torch._C._set_deterministic_algorithms(True, warn_only=False)
+    if (inductor := sys.modules.get("torch._inductor.config")) is not None:
+        inductor.deterministic = True
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -76,6 +76,15 @@ def listen(host: str, port: int = 0, backlog: int = 512) -> socket.socket:
     return sock
 
 
+def accepting(host: str, port: int) -> bool:
+    """Something listens on ``host:port`` (one TCP connect, closed at once)."""
+    try:
+        socket.create_connection((host, port), timeout=1.0).close()
+        return True
+    except OSError:
+        return False
+
+
 def wait_for(predicate: Callable[[], T], timeout: float, what: str, *, interval: float | Callable[[], float] = 0.05,
              on_poll: Callable[[], object] | None = None) -> T:
     """The one way to wait in ``nvrx_lab``: poll ``predicate`` every ``interval`` s until it returns

@@ -18,7 +18,7 @@ listen on 127.0.0.1 and a free port pair from :mod:`nvrx_lab.net`. In a pod the 
     cmd = Launcher.local(2, max_restarts=3, heartbeat_timeout=3).argv(trainer(steps=14, restart="launcher"))
     run(cmd, timeout=180).check()
 
-:func:`run` is how the package runs a process group (benchmarks, reliability cases, tests,
+:func:`run` (:mod:`nvrx_lab.process_group`) is how the package runs a process group (benchmarks, reliability cases, tests,
 notebooks): a new session, a bounded wait, the whole group killed on timeout and once the leader has
 exited, and a :class:`RunResult` (exit code, output, wall time). Spawned children cannot import
 functions defined in a notebook cell, so every multi-process step of the workbook runs a module of
@@ -28,11 +28,7 @@ this package this way.
 from __future__ import annotations
 
 import dataclasses
-import os
-import signal
-import subprocess
 import sys
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +36,7 @@ from typing import ClassVar
 
 from nvrx_lab.launcher.config import LauncherConfig
 from nvrx_lab.net import free_port_pair
+from nvrx_lab.process_group import LINGER_S, RunResult, held_by, run
 
 Value = str | int | float | bool | Path | None
 LOOPBACK = "127.0.0.1"
@@ -221,64 +218,10 @@ def head_for(restart: str, nproc: int, port: int | None = None, spawn: bool = Fa
     return Torchrun.local(nproc, port)
 
 
-@dataclass
-class RunResult:
-    cmd: list[str]
-    returncode: int
-    output: str
-    """stdout and stderr, interleaved (the log file's text when run with ``log=``)."""
-    wall_s: float
-    timed_out: bool = False
-
-    def check(self) -> RunResult:
-        if self.returncode != 0:
-            raise RuntimeError(f"exit code {self.returncode}: {' '.join(self.cmd)}\n{self.output[-3000:]}")
-        return self
-
-
-def _killpg(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-def run(cmd: Sequence[str], timeout: float = 300, env: dict | None = None, cwd: str | os.PathLike | None = None,
-        log: str | os.PathLike | None = None, kill_leftovers: bool = True) -> RunResult:
-    """Run ``cmd`` in a new session with ``OMP_NUM_THREADS=1`` and ``env`` over this environment; output
-    captured, or written to the file ``log``. On timeout the whole process group is killed and the result
-    says so; after the leader exits, whatever is left of its group (a hung rank, a writer) is killed too,
-    unless ``kill_leftovers`` is false (a caller that counts what a job leaves behind)."""
-    cmd = [str(c) for c in cmd]
-    t0 = time.perf_counter()
-    timed_out = False
-    sink = open(log, "w") if log is not None else None
-    try:
-        proc = subprocess.Popen(cmd, stdout=sink or subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True, cwd=cwd,
-                                env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
-        try:
-            out, _ = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _killpg(proc.pid)
-            out, _ = proc.communicate()
-            timed_out = True
-        finally:
-            if kill_leftovers or timed_out:
-                _killpg(proc.pid)
-    finally:
-        if sink is not None:
-            sink.close()
-    out = Path(log).read_text(errors="replace") if log is not None else out
-    if timed_out:
-        out += f"\n[nvrx_lab.runner] killed after {timeout} s"
-    return RunResult(cmd, proc.returncode, out, time.perf_counter() - t0, timed_out)
-
-
 def torchrun(nproc: int, *args: str, timeout: float = 300, env: dict | None = None, port: int | None = None) -> RunResult:
     """``python -m torch.distributed.run --nproc-per-node N ARGS…`` on 127.0.0.1 and a free port pair."""
     return run(Torchrun.local(nproc, port).argv(args), timeout, env)
 
 
-__all__ = ["Launcher", "LauncherConfig", "RunResult", "Spawn", "Torchrun", "Worker", "flags_of", "flat", "head_for", "run",
-           "torchrun", "trainer"]
+__all__ = ["LINGER_S", "Launcher", "LauncherConfig", "RunResult", "Spawn", "Torchrun", "Worker", "flags_of", "flat", "head_for",
+           "held_by", "run", "torchrun", "trainer"]

@@ -108,11 +108,12 @@ def test_prepare_sizes_and_touches_the_staging_region_before_the_first_save(tmp_
 
     sd = {"w": torch.randn(64, 1024), "b": torch.arange(77, dtype=torch.int64), "s": torch.tensor(3.0)}
     with AsyncCheckpointer(tmp_path, start_writer=False) as ckpt:
-        ckpt.prepare(sd)
+        ckpt.prepare(sd, plan=True)
         region = ckpt._buffer.path
         assert region and ckpt._buffer.capacity >= 64 * 1024 * 4
+        assert not [p for p in tmp_path.iterdir() if "step" in p.name], "a plan made no folder"
         ckpt.async_save(sd, step=1)  # no new region: staging copies into memory already touched
-        assert ckpt._buffer.path == region
+        assert ckpt._buffer.path == region and ckpt._plans.reuses == 1  # and the plan made in prepare
         ckpt.finalize_async_save(blocking=True)
     assert committed_steps(tmp_path) == [1]
 

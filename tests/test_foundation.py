@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import subprocess
 import sys
+import time
 from typing import Literal
 
 import pytest
@@ -66,3 +67,26 @@ def test_event_log_appends_lines_and_skips_a_torn_tail(tmp_path):
 def test_bench_dispatch_rejects_an_unknown_benchmark():
     res = subprocess.run([sys.executable, "-m", "nvrx_lab.bench", "nope"], capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "unknown benchmark 'nope'" in res.stderr
+
+
+def test_deterministic_sets_torchs_flag_without_loading_inductor():
+    """A worker start must not pay for dynamo and inductor: the flag is set, nothing compiles here."""
+    code = ("import sys, torch; from nvrx_lab.dist import deterministic; deterministic(); "
+            "assert torch.are_deterministic_algorithms_enabled(); "
+            "assert 'torch._inductor' not in sys.modules and 'torch._dynamo' not in sys.modules, 'inductor loaded'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+@pytest.mark.timeout(60)
+def test_run_ends_when_the_job_exits_and_names_what_still_holds_its_output():
+    """A child of the job that keeps its stdout open (a stuck helper) must not hold the caller until it exits by
+    itself: the wall time ends at the leader's exit, and the child is killed and named."""
+    from nvrx_lab import runner
+
+    child = "import time; time.sleep(300)"
+    code = f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {child!r}]); print('leader done')"
+    t0 = time.monotonic()
+    res = runner.run([sys.executable, "-c", code], timeout=30)
+    assert time.monotonic() - t0 < runner.LINGER_S + 10 and res.wall_s < runner.LINGER_S
+    assert res.returncode == 0 and "leader done" in res.output
+    assert "still held its output 5 s later: killed" in res.output and "time.sleep(300)" in res.output

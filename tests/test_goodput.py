@@ -49,7 +49,7 @@ def test_a_fault_never_recovered_counts_as_downtime_to_the_end():
     r = analyze(ev, t_end=10.0)
     assert r.faults[0].recovery_s is None and r.recoveries == []
     assert math.isclose(r.infrastructure_goodput, 1 - (1.0 + (10.0 - 3.1)) / 10.0)
-    assert "recovery    never" in format_report(r)
+    assert "training again    never" in format_report(r)
 
 
 def test_timeline_draws(tmp_path):

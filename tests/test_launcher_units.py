@@ -196,3 +196,25 @@ def test_client_without_launcher_is_a_clear_error(monkeypatch):
     assert not RankMonitorClient.available()
     with pytest.raises(RankMonitorClientError, match="NVRX_LAB_MONITOR_DIR"):
         RankMonitorClient().init_workload_monitoring()
+
+
+def test_the_standby_imports_our_entry_modules_main_and_never_a_users_script():
+    from nvrx_lab.launcher.__main__ import own_entry
+
+    assert own_entry(["-u", "-m", "nvrx_lab.train", "--steps", "4"]) == ["nvrx_lab.train.main"]
+    assert own_entry(["-u", "train.py", "-m", "nvrx_lab.train"]) == []  # a script (its own -m flag is an argument)
+    assert own_entry(["-u", "-m", "mypackage.train"]) == [] and own_entry(["-u", "-m", "nvrx_lab.demo.launcher_worker"]) == []
+
+
+def test_in_process_restart_keeps_the_ranks_whose_loss_would_restart_the_group_anyway(capsys):
+    from nvrx_lab.dist import LaunchEnv
+    from nvrx_lab.launcher.policy import MinHealthy, any_failed, tolerated_losses
+    from nvrx_lab.train.attempts import inprocess_floor
+
+    assert tolerated_losses(any_failed, 8) == 0 and tolerated_losses(MinHealthy(8), 8) == 0
+    assert tolerated_losses(MinHealthy(6), 8) == 2 and tolerated_losses(MinHealthy(1), 8) == 7
+    env = {"RANK": "0", "WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8", "MASTER_ADDR": "h"}
+    assert inprocess_floor(1, LaunchEnv.read(env)) == 1  # not under nvrx_lab.launcher: as configured
+    assert inprocess_floor(1, LaunchEnv.read({**env, "NVRX_LAB_LAUNCHER_TOLERATES": "2"})) == 14
+    assert "at least 14 of 16 ranks" in capsys.readouterr().out
+    assert inprocess_floor(15, LaunchEnv.read({**env, "NVRX_LAB_LAUNCHER_TOLERATES": "2"})) == 15

@@ -47,7 +47,7 @@ def test_the_readme_inprocess_command_resumes_says_so_and_reruns_truly(tmp_path,
     said = [float(r[4]) for r in resumes]
     report = analyze(read_events(tmp_path / "m.jsonl"))
     assert [round(f.recovery_s, 2) for f in report.faults] == said  # one figure per fault, console and GOODPUT
-    assert goodput_line(out)["recovery_median_s"] == pytest.approx(statistics.median(said), abs=0.006)
+    assert goodput_line(out)["back_median_s"] == pytest.approx(statistics.median(said), abs=0.006)
     assert report.causes == {"exception": 1, "hang": 1}  # once per restart, not once per rank
 
     again = run_group(readme_inprocess(tmp_path, port), timeout=120)  # the same command: the run is done

@@ -3,6 +3,8 @@ restarted workers resume from the async checkpoint onto the very same loss curve
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from conftest import assert_one_curve, run_group
 
@@ -29,3 +31,28 @@ def test_sigkill_and_hang_recovered_onto_the_same_curve(port, tmp_path):
     assert [f.kind for f in report.faults] == ["sigkill", "hang"]
     assert all(f.recovery_s is not None for f in report.faults)
     assert report.causes.get("signal") == 1 and report.causes.get("hang", 0) >= 1
+
+
+@pytest.mark.timeout(200)
+def test_a_sigkill_under_launcher_and_inprocess_restarts_the_group_once_from_the_local_copy(port, tmp_path):
+    """The launcher restarts the group on a lost worker (min-healthy = every local worker), so the in-process
+    survivor leaves at once instead of training a world of one that the restart would throw away; the new
+    workers resume from the node's local copy of the last step, and the fault's price has no discarded steps."""
+    metrics = tmp_path / "m.jsonl"
+    launcher = Launcher.local(2, port, max_restarts=3, heartbeat_timeout=5, initial_heartbeat_timeout=60,
+                              monitor_interval=0.2, metrics_file=metrics, restart_policy="min-healthy")
+    cmd = launcher.argv(trainer(restart="launcher+inprocess", ckpt="async", ckpt_dir=tmp_path / "ckpt", ckpt_interval=5,
+                                local_ckpt_interval=1, steps=12, faults="1:8:sigkill", metrics=metrics, log_every=0,
+                                global_batch=4, seq_len=32, soft_timeout=10, hard_timeout=20))
+    res = run_group(cmd, timeout=180)
+    assert res.returncode == 0, res.stdout[-4000:]
+    assert "in-process restart goes on with at least 2 of 2 ranks" in res.stdout, res.stdout[-4000:]
+    assert "[rank 0] in-process restart stops here (only 1 ranks left" in res.stdout, res.stdout[-4000:]
+    assert "restart 1/3" in res.stdout and "restart 2/3" not in res.stdout, res.stdout[-4000:]
+    assert re.search(r"RESUME step [67] from local \(rolled back [01] step", res.stdout), res.stdout[-4000:]  # <= 1 redone
+    events = read_events(metrics)
+    assert_one_curve(events, steps=12)
+    (price,) = analyze(events).prices
+    assert "discarded" not in price.phases and {"detect", "teardown", "start", "restore"} <= set(price.phases)
+    assert price.back_s == pytest.approx(sum(price.phases[k] for k in ("detect", "teardown", "start", "rendezvous",
+                                                                        "restore", "start_line") if k in price.phases))

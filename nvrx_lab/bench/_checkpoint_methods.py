@@ -29,6 +29,8 @@ class Method:
         if name.startswith("nvrx_"):
             from nvrx_lab.checkpoint import AsyncCheckpointer
             self.ckpt = AsyncCheckpointer(root, keep_last=1).start()  # a job pays the start-up once
+            if name == "nvrx_async":  # as the trainer does before its first save: staging memory and plan made now
+                self.ckpt.prepare(state, plan=True)
         if name.startswith("dcp.async_save"):
             from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
             from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType

@@ -13,6 +13,13 @@ Modes (the write-up's comparison, on one machine):
   (:mod:`nvrx_lab.checkpoint.local`): a fault rolls back to the last step instead of the last storage save
 
 Every mode resumes from the same async checkpoints and gets the same deterministic faults.
+
+**What a fault costs the wall clock** (``--pairs N``, default 1): each mode also runs fault-free, the two runs
+interleaved N times with the same seed, and ``cost_per_fault_s`` = median over the pairs of (wall with
+faults − wall fault-free) / faults; beside it, per fault of the last run, ``recovery_mean_s`` (the fault → full
+speed again) and ``price_mean_s`` (the phases of :mod:`nvrx_lab.observe.price` added up, with the work done twice),
+and ``cost_x_recovery``: the wall clock's figure over the reported one. ``rss_x``: the largest peak RSS of a trainer
+process (all its attempts) over the fault-free run's. ``baseline``'s first pair reuses its fault-free run.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from nvrx_lab.net import free_port_pair, wait_for
 from nvrx_lab.observe.advisor import crashloop_delay
 from nvrx_lab.observe.events import EventLog, read_events
 from nvrx_lab.observe.goodput import analyze, format_report
+from nvrx_lab.observe.price import paired_cost
 from nvrx_lab.observe.table import report
 from nvrx_lab.runner import Launcher, RunResult, Spawn, Torchrun, Worker, head_for, run, trainer
 
@@ -73,7 +81,9 @@ def run_mode(args, mode: str, faults: str, workdir: Path, label: str | None = No
         """Run the job once: its result once it is over (exit 0, or a failure nobody starts again), else None."""
         nonlocal restarts, res
         res = run(launch_head(args, mode, free_port_pair()).argv(train_worker(args, workdir, mode, metrics, faults)),
-                  timeout=args.timeout)
+                  timeout=args.timeout, env={"NVRX_LAB_METRICS": str(metrics)})  # the launcher's events join the stream
+        for line in (x for x in res.output.splitlines() if x.startswith("[nvrx_lab.runner]")):
+            print(f"[{label}] {line}", file=sys.stderr, flush=True)  # a helper that outlived the job, killed
         if res.returncode == 0:
             return res
         restarts += 1
@@ -117,24 +127,62 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--workdir", default="build/bench/goodput")
     p.add_argument("--out", default="build/bench/goodput.json")
+    p.add_argument("--pairs", type=int, default=1, help="fault-free runs of each mode, interleaved with its faulty ones")
     p.add_argument("--quick", action="store_true", help="100 steps, 2 faults")
     args = p.parse_args(argv)
+    if args.pairs < 1:
+        p.error(f"--pairs must be at least 1 (each mode's fault-free twin), got {args.pairs}")
     if args.quick:
         args.steps, args.faults, args.ckpt_interval = 100, 2, 10
     schedule = format_schedule(make_schedule(args.faults, args.ranks, args.steps, seed=args.seed,
                                              first_step=min(10, args.steps // 4), kinds=tuple(args.kinds)))
     print(f"fault schedule: {schedule}; Kubernetes delays × {args.time_scale} (time scale)")
     root = Path(args.workdir) / time.strftime("%Y%m%d-%H%M%S")
-    rows = []
+    rows, clean = [], None
     if args.ideal_step_s is None:
         clean, _ = run_mode(args, "baseline", "", root / "fault-free", label="fault-free")
         args.ideal_step_s = clean["wall_s"] * clean["training_goodput"] / max(1, clean["steps"])
         rows.append(clean)
     for mode in args.modes:
-        row, _ = run_mode(args, mode, schedule, root / mode.replace("+", "_"))
-        rows.append(row)
+        rows.append(paired(args, mode, schedule, root / mode.replace("+", "_"), clean if mode == "baseline" else None))
     report("goodput", rows, args.out, "python -m nvrx_lab.bench goodput " + shlex.join(argv or sys.argv[1:]),
-           extra={"schedule": schedule, "time_scale": args.time_scale,
-                  "notes": [f"Kubernetes delays scaled by {args.time_scale} (time scale)", f"fault schedule {schedule}"]},
-           columns=[c for c in rows[0] if c not in ("events", "t_start", "t_end")])
-    return 0 if all(r["exit"] == 0 for r in rows) else 1
+           extra={"schedule": schedule, "time_scale": args.time_scale, "pairs": args.pairs,
+                  "notes": [f"Kubernetes delays scaled by {args.time_scale} (time scale)", f"fault schedule {schedule}",
+                            f"cost_per_fault_s: median of {args.pairs} paired run(s), (faulty - fault-free wall) / faults"]},
+           columns=[c for c in rows[-1] if c not in HIDDEN])
+    return 0 if all(r["exit"] == 0 and r.get("free_exit", 0) == 0 for r in rows) else 1
+
+
+HIDDEN = ("events", "t_start", "t_end", "phases_median_s", "pairs", "cost_each_s", "free_exit", "back_median_s",
+          "recovery_p95_s", "recovery_max_s", "price_median_s", "slow_lost_s")
+"""Columns in the JSON only (the table would be too wide)."""
+
+
+def peak_rss(row: dict) -> float:
+    """The largest peak RSS (MiB) a trainer process of the run reached (its ``end`` event; 0 if none ended)."""
+    return max((e.get("rss_peak_mib") or 0.0 for e in read_events(row["events"]) if e["kind"] == "end"), default=0.0)
+
+
+def paired(args, mode: str, schedule: str, workdir: Path, first_free: dict | None) -> dict:
+    """``args.pairs`` runs of ``mode`` with the faults, each after the same run without them; the last faulty run's
+    row with the wall-clock cost per fault of the pairs, and every pair's figures under ``pairs``."""
+    runs = []
+    for i in range(args.pairs):
+        free = first_free if i == 0 and first_free else run_mode(args, mode, "", workdir / f"free-{i}",
+                                                                 label=f"{mode} fault-free ({i + 1}/{args.pairs})")[0]
+        row, _ = run_mode(args, mode, schedule, workdir / f"faults-{i}", label=mode)
+        runs.append((free, row))
+    cost = paired_cost([(f["wall_s"], r["wall_s"]) for f, r in runs], args.faults)
+    rss = [peak_rss(r) / peak_rss(f) for f, r in runs if peak_rss(f)]
+    row = runs[-1][1]
+    row["rss_x"] = max(rss) if rss else float("nan")  # a process's peak over all its attempts, against fault-free
+    row.update(cost_per_fault_s=cost["cost_per_fault_s"], cost_each_s=cost["each_s"],
+               cost_x_recovery=cost["cost_per_fault_s"] / row["recovery_mean_s"] if row["recovery_mean_s"] else
+               float("nan"), free_wall_s=runs[-1][0]["wall_s"], free_exit=max(f["exit"] for f, _ in runs),
+               pairs=[{"free_wall_s": f["wall_s"], "wall_s": r["wall_s"], "recovery_median_s": r["recovery_median_s"],
+                       "price_median_s": r["price_median_s"], "events": r["events"], "free_events": f["events"]}
+                      for f, r in runs])
+    print(f"[{mode}] wall-clock cost per fault {cost['cost_per_fault_s']:.2f} s (median of {len(runs)} pair(s): "
+          f"{', '.join(f'{c:.2f}' for c in cost['each_s'])}); recovery to full speed {row['recovery_mean_s']:.2f} s "
+          f"and price {row['price_mean_s']:.2f} s a fault (means of the last run)", flush=True)
+    return row

@@ -89,11 +89,14 @@ class AsyncCheckpointer:
             self._writer.wait_ready(timeout)
         return self
 
-    def prepare(self, state_dict: dict) -> AsyncCheckpointer:
-        """Allocate and touch the staging memory for ``state_dict`` now (optional, local, no collective):
-        the first ``async_save`` then blocks no longer than the later ones."""
+    def prepare(self, state_dict: dict, plan: bool = False) -> AsyncCheckpointer:
+        """Allocate and touch the staging memory for ``state_dict`` now (optional; local, no collective), and with
+        ``plan`` also make DCP's save plan now (a collective: every rank calls it), which the saves reuse while the
+        state keeps its structure: the first ``async_save`` then blocks no longer than the later ones."""
         if self._buffer.ensure(plan_slots(local_tensors(state_dict))[1]):
             self._buffer.prefault()
+        if plan and self._plans.central is None:
+            plan_save(state_dict, self.rank, self.world, self.group, cache=self._plans)  # no folder: no save yet
         return self
 
     def async_save(self, state_dict: dict, step: int) -> None:

@@ -141,7 +141,7 @@ class CheckpointManager:
     def save(self, state: LiveStateful, step: int, io: IOHooks = NO_HOOKS, force: bool = False) -> bool:
         storage, local = self.due(step)
         if self.config.mode == "async" and not self._prepared:  # the first save blocks no longer than the later ones
-            self.storage.prepare(state.state_dict())
+            self.storage.prepare(state.state_dict(), plan=True)  # every rank is here: the plan is collective
             self._prepared = True
         if storage or (force and self.config.mode != "none"):
             with io.section("checkpoint"):

@@ -36,11 +36,13 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from nvrx_lab.net import listen, wait_for
+from nvrx_lab.net import accepting, listen, wait_for
 
 
 def connect(host: str, port: int, timeout: float = 60.0) -> dist.TCPStore:
-    """A client of the wrapper's store (retries until the host is up or ``timeout``)."""
+    """A client of the wrapper's store, once its host listens (polled every 5 ms: ``TCPStore``'s own retry backs
+    off to ~0.5 s, which a rank started before rank 0's monitor paid at every restart), or ``timeout``."""
+    wait_for(lambda: accepting(host, port), timeout, f"the in-process restart store at {host}:{port}", interval=0.005)
     return dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout),
                          wait_for_workers=False)
 

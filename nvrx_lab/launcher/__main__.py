@@ -55,6 +55,23 @@ def main(argv: list[str] | None = None) -> int:
     return _launch(config, cmd, cmd_args, settings, policy)
 
 
+def own_entry(cmd_args: list[str]) -> list[str]:
+    """The entry module's ``main`` when the workers run one of ours (``-m nvrx_lab.train``): the standby imports it
+    (never runs it), so a restarted worker starts at its first line. A user's script is never imported here."""
+    flags = [a for a in cmd_args[:2] if a.startswith("-")]  # torchrun's: "-u", then "-m" for a module
+    if "-m" not in flags or len(cmd_args) <= len(flags):
+        return []
+    module = cmd_args[len(flags)]
+    if not module.startswith("nvrx_lab."):
+        return []
+    import importlib.util
+
+    try:
+        return [f"{module}.main"] if importlib.util.find_spec(f"{module}.main") is not None else []
+    except ModuleNotFoundError:  # a module, not a package
+        return []
+
+
 def _rendezvous(config: LaunchConfig) -> tuple[RendezvousParameters, str, int]:
     """torchrun's rendezvous parameters for ``config``, and the workers' master address and port."""
     from torch.distributed.elastic.rendezvous import RendezvousParameters
@@ -81,7 +98,8 @@ def _launch(config: LaunchConfig, cmd: str, cmd_args: list[str], settings: Launc
 
     directory = tempfile.mkdtemp(prefix="nvrx-lab-launch-")  # 0700: monitors and zygote sockets
     monitors = MonitorServer(config.nproc_per_node, settings.timeouts(), directory)
-    zygote = Zygote(directory, config.nproc_per_node, settings.standby_preload) if settings.standby else None
+    preload = [*settings.standby_preload, *own_entry(cmd_args)]
+    zygote = Zygote(directory, config.nproc_per_node, preload) if settings.standby else None
     if zygote is not None:
         cmd, cmd_args = zygote.wrap(cmd, cmd_args)
     restart_log = RestartLog(settings.metrics_file, config.max_restarts)

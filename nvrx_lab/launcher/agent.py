@@ -43,7 +43,7 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
 
 from nvrx_lab.launcher.monitor import LAST_FAILURE_ENV, MonitorServer
-from nvrx_lab.launcher.policy import USAGE_ERROR, RestartPolicy, any_failed
+from nvrx_lab.launcher.policy import TOLERATES_ENV, USAGE_ERROR, RestartPolicy, any_failed, tolerated_losses
 from nvrx_lab.launcher.restart_log import Failure, RestartLog, describe_exit
 from nvrx_lab.launcher.standby import Zygote
 from nvrx_lab.net import listen, wait_for
@@ -123,6 +123,7 @@ class HeartbeatAgent(LocalElasticAgent):
         worker's rank monitor listens, and after a restart the failure it was for."""
         super()._set_local_rank_env(worker_env, local_rank, spec)
         worker_env.update(self.monitors.env())
+        worker_env[TOLERATES_ENV] = str(tolerated_losses(self.policy, spec.local_world_size))
         if self._last_failure is not None:
             worker_env[LAST_FAILURE_ENV] = self._last_failure
 

@@ -20,6 +20,11 @@ from dataclasses import dataclass
 
 RestartPolicy = Callable[[int, int], bool]
 
+TOLERATES_ENV = "NVRX_LAB_LAUNCHER_TOLERATES"
+"""Set in each worker's environment: how many of the node's workers the launcher lets go without restarting the
+group (``any-failed``: 0). In-process restart keeps at least ``world_size - tolerated`` ranks: a smaller world
+would be trained only for the launcher to restart the group and throw it away."""
+
 USAGE_ERROR = 2
 """Exit code of a usage error (argparse's, and ``nvrx_lab.train``'s on bad flags): never restarted."""
 
@@ -53,3 +58,9 @@ def make_policy(name: str, nproc_per_node: int, min_healthy: int | None) -> Rest
             raise ValueError(f"min_healthy={n} exceeds --nproc-per-node={nproc_per_node}")
         return MinHealthy(n)
     raise ValueError(f"restart_policy must be 'any-failed' or 'min-healthy', got {name!r}")
+
+
+def tolerated_losses(policy: RestartPolicy, nproc_per_node: int) -> int:
+    """Local workers ``policy`` lets go before it restarts the group."""
+    return next((lost for lost in range(nproc_per_node + 1) if policy(nproc_per_node - lost - 1, nproc_per_node)),
+                nproc_per_node)

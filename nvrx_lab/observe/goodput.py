@@ -16,10 +16,12 @@ Definitions (the write-up's, made exact):
   median step time of the run (or of a fault-free run when given)
 * **infrastructure goodput** = time the job is up and able to train / wall time, i.e. wall time
   less start-up and every recovery
-* **recovery time** of a fault = from the fault to the start of the next completed step; a step before
-  the faulty one that rank 0 completes just after another rank's fault was not stopped by it. The trainer
-  says the same figure when it trains again (a ``recovered`` event and its RESUME line,
-  :mod:`nvrx_lab.train.resume`); where that event exists its moment of training again is used, so the two agree
+* **back** (``back_*`` columns, :attr:`FaultRecord.recovery_s`) of a fault = from the fault to the start of
+  the next completed step; a step before the faulty one that rank 0 completes just after another rank's fault
+  was not stopped by it. The trainer says the same figure when it trains again (a ``recovered`` event and its
+  RESUME line, :mod:`nvrx_lab.train.resume`); where that event exists its moment of training again is used
+* **recovery** (``recovery_*`` columns) = from the fault to the first step at full speed again, and the
+  **price** of a fault its phases added up with the redone and lost work (:mod:`nvrx_lab.observe.price`)
 * **rollback** = steps completed before the fault that had to be redone
 * **freshness** = fault step − newest committed checkpoint step at the moment of the fault
 * **time lost to a slow rank** = over the steps after the first ``slow`` fault, the step time beyond
@@ -33,6 +35,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from nvrx_lab.observe.events import last_run
+from nvrx_lab.observe.price import FaultPrice, fault_prices, format_prices, phase_medians
 
 
 @dataclass
@@ -60,24 +63,42 @@ class GoodputReport:
     causes: dict[str, int] = field(default_factory=dict)
     slow_lost_s: float = 0.0
     """Seconds lost to a slow rank (the steps after a ``slow`` fault, beyond the ideal step time)."""
+    prices: list[FaultPrice] = field(default_factory=list)
+    """Each fault's phases to full speed (:mod:`nvrx_lab.observe.price`), in the order of ``faults``."""
 
     @property
     def recoveries(self) -> list[float]:
         return [f.recovery_s for f in self.faults if f.recovery_s is not None]
 
     def recovery_stats(self) -> dict[str, float]:
-        r = sorted(self.recoveries)
-        if not r:
-            return {"median": float("nan"), "p95": float("nan"), "max": float("nan")}
-        return {"median": statistics.median(r), "p95": r[min(len(r) - 1, round(0.95 * (len(r) - 1)))], "max": r[-1]}
+        """Median, p95 and max of the faults' back figures (fault -> training again)."""
+        return _stats(self.recoveries)
+
 
     def row(self) -> dict:
-        stats = self.recovery_stats()
+        back = self.recovery_stats()
+        full = _stats([p.recovery_s for p in self.prices if p.recovery_s is not None])
         return {"faults": len(self.faults), "recovered": len(self.recoveries),
-                "recovery_median_s": stats["median"], "recovery_p95_s": stats["p95"], "recovery_max_s": stats["max"],
+                "back_median_s": back["median"], "recovery_median_s": full["median"], "recovery_p95_s": full["p95"],
+                "recovery_max_s": full["max"], "recovery_mean_s": _mean([p.recovery_s for p in self.prices]),
+                "price_median_s": _stats([p.price_s for p in self.prices])["median"],
+                "price_mean_s": _mean([p.price_s for p in self.prices]),
+                "phases_median_s": phase_medians(self.prices),
                 "training_goodput": self.training_goodput, "infra_goodput": self.infrastructure_goodput,
                 "rollback_steps": sum(f.rollback_steps for f in self.faults), "wall_s": self.wall_s,
                 "steps": self.final_step, "slow_lost_s": self.slow_lost_s}
+
+
+def _mean(values: list[float | None]) -> float:
+    """The mean of ``values``; NaN when there are none, or when one is None (a fault never recovered)."""
+    return statistics.fmean(values) if values and None not in values else float("nan")
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    r = sorted(values)
+    if not r:
+        return {"median": float("nan"), "p95": float("nan"), "max": float("nan")}
+    return {"median": statistics.median(r), "p95": r[min(len(r) - 1, round(0.95 * (len(r) - 1)))], "max": r[-1]}
 
 
 def analyze(events: list[dict], ideal_step_s: float | None = None, t_start: float | None = None,
@@ -124,7 +145,8 @@ def analyze(events: list[dict], ideal_step_s: float | None = None, t_start: floa
     return GoodputReport(wall_s=wall, final_step=final_step, ideal_step_s=ideal, startup_s=startup,
                          training_goodput=final_step * ideal / wall,
                          infrastructure_goodput=max(0.0, 1.0 - downtime / wall),
-                         faults=faults, causes=dict(causes), slow_lost_s=slow_lost)
+                         faults=faults, causes=dict(causes), slow_lost_s=slow_lost,
+                         prices=fault_prices(events, faults, ideal))
 
 
 def idle_between_launches(events: list[dict]) -> float:
@@ -166,13 +188,15 @@ def format_report(report: GoodputReport, title: str = "") -> str:
     lines += [f"wall {report.wall_s:.1f} s, {report.final_step} steps, ideal step {report.ideal_step_s * 1e3:.1f} ms, "
               f"start-up {report.startup_s:.1f} s",
               f"training goodput {report.training_goodput:.1%}, infrastructure goodput {report.infrastructure_goodput:.1%}",
-              f"faults {len(report.faults)}, recovered {len(report.recoveries)}; recovery median {s['median']:.2f} s, "
-              f"p95 {s['p95']:.2f} s, max {s['max']:.2f} s"]
+              f"faults {len(report.faults)}, recovered {len(report.recoveries)}; training again after median "
+              f"{s['median']:.2f} s, p95 {s['p95']:.2f} s, max {s['max']:.2f} s"]
     for f in report.faults:
         rec = f"{f.recovery_s:.2f} s" if f.recovery_s is not None else "never"
         fresh = f"{f.freshness_steps} steps" if f.freshness_steps is not None else "no checkpoint"
-        lines.append(f"  step {f.step:5d} rank {f.rank} {f.kind:9s} recovery {rec:>8s}  rollback {f.rollback_steps} steps  "
+        lines.append(f"  step {f.step:5d} rank {f.rank} {f.kind:9s} training again {rec:>8s}  rollback {f.rollback_steps} steps  "
                      f"checkpoint age {fresh}")
+    if report.prices:
+        lines += ["the price of each fault, phase by phase (seconds; observe.price):", format_prices(report.prices)]
     if report.slow_lost_s:
         lines.append(f"time lost to a slow rank {report.slow_lost_s:.1f} s")
     if report.causes:

@@ -70,6 +70,20 @@ def recovering(cw) -> Recovering | None:
                                                                              restart.cause)
 
 
+def inprocess_floor(min_world_size: int, launch: LaunchEnv) -> int:
+    """The in-process wrapper's ``min_world_size`` under ``nvrx_lab.launcher``: a rank lost beyond what the launcher
+    tolerates makes it restart the whole group, so the survivors leave at once instead of training a smaller world
+    (whose steps, and local checkpoints taken at that size, the restart would throw away). Rank 0 says so once."""
+    if launch.launcher_tolerates is None:
+        return min_world_size
+    floor = max(min_world_size, launch.world_size - launch.launcher_tolerates)
+    if floor > min_world_size and launch.rank == 0 and launch.restart_count == 0:
+        print(f"[nvrx_lab] in-process restart goes on with at least {floor} of {launch.world_size} ranks: the launcher "
+              f"restarts the group when more than {launch.launcher_tolerates} worker(s) of a node are lost "
+              "(--restart-policy min-healthy --min-healthy sets that)", flush=True)
+    return floor
+
+
 def run_inprocess(cfg: TrainConfig, launch: LaunchEnv, events: EventLog, hooks: Hooks, body: Body) -> dict:
     """Attempts inside :class:`nvrx_lab.inprocess.Wrapper` until one finishes or the wrapper gives up.
 
@@ -86,7 +100,8 @@ def run_inprocess(cfg: TrainConfig, launch: LaunchEnv, events: EventLog, hooks: 
     r = cfg.restart
 
     @Wrapper(soft_timeout=r.soft_timeout, hard_timeout=r.hard_timeout, max_iterations=r.max_iterations,
-             min_world_size=r.min_world_size, pg_timeout=cfg.pg_timeout, emit=events.emit, health_check=Compose(*checks))
+             min_world_size=inprocess_floor(r.min_world_size, launch), pg_timeout=cfg.pg_timeout, emit=events.emit,
+             health_check=Compose(*checks))
     def attempt(cw: CallWrapper) -> dict:
         if device.type == "cuda":
             cw.init_process_group(backend="cpu:gloo,cuda:nccl", device_id=device)

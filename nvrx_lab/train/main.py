@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import sys
 
 import torch
 
 from nvrx_lab.checkpoint import CheckpointError
 from nvrx_lab.cli import parse_dataclass
-from nvrx_lab.dist import LaunchEnv, export_env, peer_lost
+from nvrx_lab.dist import LaunchEnv, deterministic, export_env, peer_lost
 from nvrx_lab.observe.events import EventLog, last_launch, read_events
 from nvrx_lab.observe.goodput import analyze
 from nvrx_lab.train import attempts, layers, runs
@@ -40,11 +41,14 @@ def configure_threads(cfg: TrainConfig, launch: LaunchEnv) -> None:
 
 
 def left_job(error: BaseException) -> str | None:
-    """The line of a rank the in-process restart sent away (its health check failed: a straggler, a poisoned GPU)."""
-    from nvrx_lab.inprocess import HealthCheckError
+    """The line of a rank the in-process restart sent away (its health check failed: a straggler, a poisoned GPU),
+    or whose survivors it handed to the launcher (fewer ranks left than the launcher goes on with)."""
+    from nvrx_lab.inprocess import HealthCheckError, RestartLimitError
 
     if isinstance(error, HealthCheckError):
         return f"left the job at the in-process restart ({error}); the other ranks go on without it"
+    if isinstance(error, RestartLimitError) and "min_world_size" in error.reason:  # the launcher's turn
+        return f"in-process restart stops here ({error.reason}); the launcher restarts the group"
     return None
 
 
@@ -62,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         export_env(layers.INPROCESS_NCCL_ENV)
     configure_threads(cfg, launch)
     export_env({"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}, keep_set=True)  # deterministic cuBLAS; else CUDA matmuls raise
-    torch.use_deterministic_algorithms(True)
+    deterministic()
     events = EventLog(cfg.metrics or None, rank=rank)
     events.emit("start", world_size=launch.world_size, restart_count=launch.restart_count, new_run=new_run,
                 pid=os.getpid())
@@ -89,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         return 130
     events.emit("end", steps=summary["steps"],  # the last attempt's peak (gpucheck c); earlier ones: restart events
-                cuda_peak_bytes=torch.cuda.max_memory_allocated() if torch.cuda.is_initialized() else None)
+                cuda_peak_bytes=torch.cuda.max_memory_allocated() if torch.cuda.is_initialized() else None,
+                rss_peak_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # every attempt of this process
     if rank == 0 and cfg.metrics and summary["losses"]:  # one line a job log collector (nvrx_lab.eks.submit) picks up
         print("GOODPUT " + json.dumps(analyze(last_launch(read_events(cfg.metrics))).row()), flush=True)
     return 0
