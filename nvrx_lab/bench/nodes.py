@@ -27,6 +27,7 @@ log lines of each Job are kept in the JSON (``restart_log``); the table shows th
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 import sys
 import tempfile
@@ -72,14 +73,15 @@ def job_spec(restart: str, kind: str, a, name: str, memory: Path) -> JobSpec:
 
 
 def with_rdzv_conf(manifests: list[dict], conf: str) -> list[dict]:
-    """``manifests`` whose container script puts the c10d settings ``conf`` before its own ``--rdzv-conf`` values,
-    e.g. ``keep_alive_interval=1`` (a dead node leaves the rendezvous after 3 s, not torch's 15 s: short tests)."""
+    """``manifests`` whose container script puts the c10d settings ``conf`` after its own ``--rdzv-conf`` values,
+    which they override (the last of a key wins), e.g. ``keep_alive_interval=5`` (torch's own: a lost node leaves the
+    rendezvous after 15 s; the manifests' ``JobSpec.rdzv_keep_alive_s`` is 1 s)."""
     cont = find(manifests, "Job")[0]["spec"]["template"]["spec"]["containers"][0]
     if not any('--rdzv-conf="' in arg for arg in [*cont.get("command", []), *cont.get("args", [])]):
         raise ValueError("rdzv_conf: the Job's script has no --rdzv-conf (a mode without the launcher)")
     for key in ("command", "args"):
         if key in cont:
-            cont[key] = [arg.replace('--rdzv-conf="', f'--rdzv-conf="{conf},') for arg in cont[key]]
+            cont[key] = [re.sub(r'(--rdzv-conf="[^"]*)"', lambda m: f'{m.group(1)},{conf}"', arg) for arg in cont[key]]
     return manifests
 
 

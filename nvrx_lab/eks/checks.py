@@ -180,7 +180,7 @@ def _check_launcher(s: JobSpec) -> None:
     if s.mode_info.uses_launcher and s.pg_timeout < longest:
         _fail("pg_timeout", f"{s.pg_timeout:g} s is shorter than the longest section timeout ({longest:g} s): a "
                             "collective would time out while the launcher still waits; allowed: >= the section timeouts")
-    for f in ("rdzv_join_timeout", "rdzv_read_timeout"):
+    for f in ("rdzv_join_timeout", "rdzv_read_timeout", "rdzv_keep_alive_s"):
         if isinstance(getattr(s, f), bool) or not isinstance(getattr(s, f), int) or getattr(s, f) < 1:
             _fail(f, f"{getattr(s, f)!r}; allowed: whole seconds >= 1")
     if s.backoff_limit is not None and s.backoff_limit < 0:

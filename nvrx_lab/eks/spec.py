@@ -133,6 +133,10 @@ class JobSpec:
     rdzv_read_timeout: int = 600
     """Launcher modes: the c10d store client's ``read_timeout`` (torch's default 60 s): how long a pod keeps dialling
     index 0's store before it is up, and how long a store call waits on a host that vanished."""
+    rdzv_keep_alive_s: int = 1
+    """Launcher modes: c10d's ``keep_alive_interval``: a lost node's agent leaves the rendezvous after 3 of them
+    (torch's 5 s: 15 s of every lost node's recovery; 1 s: a lost node recovered in 6.5 s, ``bench nodes``). Each
+    pod's agent rewrites the rendezvous state this often: raise it for jobs of hundreds of nodes."""
     launcher: LauncherConfig = field(default_factory=pod_launcher)
     """The launcher's settings in the launcher modes (:class:`~nvrx_lab.launcher.config.LauncherConfig`, the one the
     launcher's own CLI reads), :func:`pod_launcher`'s by default; its ``restart_policy`` is the mode's. Rendered as

@@ -45,11 +45,15 @@ MAX_MSG = 1 << 20
 ATTACH_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attach.py")
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(parent: int) -> None:
+    """SIGKILL this process when ``parent`` dies, and leave now if it died already (before the ``prctl``: a launcher
+    that exits while its zygote is still starting would otherwise leave it running)."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 class Zygote:
@@ -58,7 +62,7 @@ class Zygote:
     def __init__(self, directory: str, nstandby: int, preload: list[str]):
         self.path = os.path.join(directory, "zygote.sock")
         self.proc = subprocess.Popen([sys.executable, "-m", "nvrx_lab.launcher.standby", self.path,
-                                      str(nstandby), ",".join(preload)])
+                                      str(nstandby), ",".join(preload), str(os.getpid())])
         self._ctl: socket.socket | None = None
 
     def wrap(self, cmd: str, args: list[str]) -> tuple[str, list[str]]:
@@ -110,6 +114,7 @@ _ZYGOTE_SOCKETS: list[socket.socket] = []  # closed in each standby (the zygote'
 
 def _fork_standby() -> tuple[int, socket.socket]:
     parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    zygote = os.getpid()
     pid = os.fork()
     if pid == 0:
         for s in [parent_end, *_ZYGOTE_SOCKETS]:
@@ -118,7 +123,7 @@ def _fork_standby() -> tuple[int, socket.socket]:
             except OSError:
                 pass
         try:
-            code = _standby(child_end)
+            code = _standby(child_end, zygote)
         except BaseException:  # noqa: BLE001 - report and exit, never return into the zygote loop
             traceback.print_exc()
             code = 1
@@ -128,17 +133,17 @@ def _fork_standby() -> tuple[int, socket.socket]:
     return pid, parent_end
 
 
-def _standby(sock: socket.socket) -> int:
+def _standby(sock: socket.socket, zygote: int) -> int:
     """In a forked child: wait for a job, then become its worker (:func:`~nvrx_lab.launcher.attach.adopt`)."""
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
-    _die_with_parent()
+    _die_with_parent(zygote)
     return adopt(sock)
 
 
-def serve(path: str, nstandby: int, preload: list[str]) -> None:
+def serve(path: str, nstandby: int, preload: list[str], launcher: int) -> None:
     """The zygote's loop: keep ``nstandby`` standbys, hand jobs over, reap, report exits."""
-    _die_with_parent()
+    _die_with_parent(launcher)
     for name in preload:
         importlib.import_module(name)
     gc.collect()  # what the imports made moves to the permanent generation: every worker forked from here skips
@@ -253,4 +258,4 @@ class _ZygoteLoop:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1], int(sys.argv[2]), [m for m in sys.argv[3].split(",") if m])
+    serve(sys.argv[1], int(sys.argv[2]), [m for m in sys.argv[3].split(",") if m], int(sys.argv[4]))
