@@ -84,7 +84,7 @@ def test_a_fault_restarted_twice_is_back_only_after_the_second_restart():
     assert {k: round(v, 6) for k, v in p.phases.items()} == {
         "detect": 0.2, "teardown": 0.1, "start": 0.5, "rendezvous": 0.3, "restore": 0.4, "start_line": 0.0,
         "discarded": 1.0, "warmup": 0.0, "redone": 1.0, "lost_step": 0.1}
-    assert p.redone_steps == 2 and p.price_s == pytest.approx(3.6)
+    assert p.redone_steps == 2 and p.price_s == pytest.approx(3.6) and p.downtime_s == pytest.approx(p.back_s)
 
 
 def test_prices_plot(tmp_path):

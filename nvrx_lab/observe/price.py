@@ -12,8 +12,8 @@ phase                 from → to (owner)
 ``detect``            the fault → a layer knew (in-process monitor or launcher monitor; a baseline: the job
                       exiting, a hang after the collective timeout)
 ``teardown``          → the old attempt gone (in-process: abort + health check; launcher: stop and respawn)
-``start``             → every new worker process running (interpreter + imports; launcher and baseline only)
 ``pod``               → the pod started again (baseline only: pod restart + CrashLoopBackOff)
+``start``             → every new worker process running (interpreter + imports; launcher and baseline only)
 ``rendezvous``        → the ranks met again (in-process: the store rendezvous; else the process group and the
                       model built, up to the restore)
 ``restore``           → the checkpoint loaded (the slowest rank's load)
@@ -37,12 +37,14 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-OWNERS = {"detect": "fault detection", "teardown": "old attempt torn down", "start": "new worker processes",
-          "pod": "Kubernetes pod restart", "rendezvous": "rendezvous + model build", "restore": "checkpoint load",
+OWNERS = {"detect": "fault detection", "teardown": "old attempt torn down", "pod": "Kubernetes pod restart",
+          "start": "new worker processes", "rendezvous": "rendezvous + model build", "restore": "checkpoint load",
           "start_line": "start line (slowest rank, writer)", "discarded": "steps trained, then restarted again",
           "warmup": "first steps' warm-up",
           "redone": "steps since the checkpoint redone", "lost_step": "the broken step's work"}
 """Phase -> what owns it, in timeline order."""
+AFTER_BACK = ("warmup", "redone", "lost_step")
+"""The phases that are not downtime: training is back, slowly, or redoing work."""
 
 
 @dataclass
@@ -63,6 +65,11 @@ class FaultPrice:
     @property
     def price_s(self) -> float:
         return sum(self.phases.values())
+
+    @property
+    def downtime_s(self) -> float:
+        """The phases up to training again (everything but the warm-up and the work done twice): ``back_s``."""
+        return sum(v for k, v in self.phases.items() if k not in AFTER_BACK)
 
 
 def fault_prices(events: list[dict], faults: list, ideal_step_s: float, tolerance: float = 1.25) -> list[FaultPrice]:
