@@ -173,10 +173,11 @@ def paired(args, mode: str, schedule: str, workdir: Path, first_free: dict | Non
         row, _ = run_mode(args, mode, schedule, workdir / f"faults-{i}", label=mode)
         runs.append((free, row))
     cost = paired_cost([(f["wall_s"], r["wall_s"]) for f, r in runs], args.faults)
-    rss = [peak_rss(r) / peak_rss(f) for f, r in runs if peak_rss(f)]
+    peaks = [(peak_rss(f), peak_rss(r)) for f, r in runs]  # each run's events read once
+    rss = [faulty / free for free, faulty in peaks if free]
     row = runs[-1][1]
-    row["rss_x"] = max(rss) if rss else float("nan")  # a process's peak over all its attempts, against fault-free
-    row.update(cost_per_fault_s=cost["cost_per_fault_s"], cost_each_s=cost["each_s"],
+    row.update(rss_x=max(rss, default=float("nan")),  # a process's peak over all its attempts, against fault-free
+               cost_per_fault_s=cost["cost_per_fault_s"], cost_each_s=cost["each_s"],
                cost_x_recovery=cost["cost_per_fault_s"] / row["recovery_mean_s"] if row["recovery_mean_s"] else
                float("nan"), free_wall_s=runs[-1][0]["wall_s"], free_exit=max(f["exit"] for f, _ in runs),
                pairs=[{"free_wall_s": f["wall_s"], "wall_s": r["wall_s"], "recovery_median_s": r["recovery_median_s"],

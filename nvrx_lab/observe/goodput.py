@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 from nvrx_lab.observe.events import last_run
 from nvrx_lab.observe.price import FaultPrice, fault_prices, format_prices, phase_medians
+from nvrx_lab.observe.table import median, p95
 
 
 @dataclass
@@ -95,10 +96,7 @@ def _mean(values: list[float | None]) -> float:
 
 
 def _stats(values: list[float]) -> dict[str, float]:
-    r = sorted(values)
-    if not r:
-        return {"median": float("nan"), "p95": float("nan"), "max": float("nan")}
-    return {"median": statistics.median(r), "p95": r[min(len(r) - 1, round(0.95 * (len(r) - 1)))], "max": r[-1]}
+    return {"median": median(values), "p95": p95(values), "max": max(values, default=float("nan"))}
 
 
 def analyze(events: list[dict], ideal_step_s: float | None = None, t_start: float | None = None,
