@@ -2,9 +2,9 @@
 
 gloo has no working abort for a collective in flight (``ProcessGroupGloo.abort()`` does not wake a pending
 ``wait``: seen on torch 2.13); shutting its TCP sockets down does, at once, on every rank that cuts or is cut.
-The in-process restart layer (:mod:`nvrx_lab.inprocess.interrupt`) and the replica groups
-(:mod:`nvrx_lab.replicas.group`) both cut this way: they remember the sockets a group opened
-(:func:`socket_fds` before and after it connects) and :func:`shutdown_connected` them.
+The in-process restart layer (:mod:`nvrx_lab.inprocess.interrupt`) cuts this way: it remembers the sockets a group
+opened (:func:`socket_fds` before and after it connects) and :func:`shutdown_connected` them. (The replica groups'
+own ring, :mod:`nvrx_lab.replicas.ring`, holds its sockets itself and shuts them the same way.)
 """
 
 from __future__ import annotations

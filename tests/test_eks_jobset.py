@@ -24,7 +24,7 @@ def _spec(**kw) -> JobSpec:
     return JobSpec(**{"name": "llama-ft", "image": "repo/nvrx-lab:1", "workload": "jobset", **kw})
 
 
-@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("mode", [m for m in MODES if not MODES[m].replicated])  # replicas refuses a JobSet
 def test_every_mode_renders_a_jobset_that_validates_against_the_crd(mode):
     ms = render(_spec(mode=mode, nodes=16, queue_name="p5", local_ckpt_interval=5, state_gib_per_gpu=2,
                       local_ckpt_on_nvme=True, hugepages_2mi=1024))

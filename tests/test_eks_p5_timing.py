@@ -43,10 +43,11 @@ def test_16_node_manifests_keep_a_real_clusters_timing(fname):
     script = pod["containers"][0]["args"][2]
     mode = docs[-1]["metadata"]["annotations"]["nvrx-lab/mode"]
     conf = dict(kv.split("=") for kv in _flag(script, "--rdzv-conf").split(","))
-    if MODES[mode].uses_launcher:  # torch's c10d store client: 60 s read timeout unless set
+    if MODES[mode].uses_launcher or MODES[mode].replicated:  # torch's c10d store client: 60 s read timeout unless set
         assert int(conf["read_timeout"]) >= 600 and int(conf["join_timeout"]) >= 600, conf
     else:  # torchrun's static store: how long a pod waits for index 0
         assert int(conf["timeout"]) >= 600, conf
+    if not MODES[mode].uses_launcher:
         assert "exec python -m nvrx_lab.eks.torchrun" in script  # a worker's exit 2 stays 2 (test_eks_usage_error)
     lost = {t["key"]: t for t in pod["tolerations"] if t["effect"] == "NoExecute"}
     assert set(lost) == {"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"}

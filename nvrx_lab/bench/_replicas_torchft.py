@@ -204,7 +204,7 @@ def _tails(out: Path, chars: int = 1500) -> str:
 
 
 def run_torchft(fault: str, out: Path, replicas: int = 3, steps: int = 40, fault_step: int = 15, tuned: bool = False,
-                timeout_s: float = 120.0) -> dict:
+                timeout_s: float = 120.0, model: list[str] = MODEL) -> dict:
     """One torchft run with ``fault`` (one of :data:`FAULTS`) on replica :data:`VICTIM` at ``fault_step``; its row.
 
     Keys: ``system``, ``fault``, ``survivor_stall_x``, ``steps_lost``, ``heal_s``, ``samples_lost``,
@@ -224,7 +224,7 @@ def run_torchft(fault: str, out: Path, replicas: int = 3, steps: int = 40, fault
         argv = [sys.executable, "-m", "nvrx_lab.bench._torchft_replica", "--replicas", str(replicas),
                 "--lighthouse", address, "--go", str(out / "go"), "--stop", str(out / "stop"),
                 "--pg-timeout", str(t.pg_timeout_s), "--manager-timeout", str(t.manager_timeout_s),
-                "--quorum-timeout", str(t.quorum_timeout_s), "--threads", str(THREADS), *MODEL]
+                "--quorum-timeout", str(t.quorum_timeout_s), "--threads", str(THREADS), *model]
         faulty = [] if fault == "none" else ["--fault", fault, "--fault-step", str(fault_step), "--victim", str(VICTIM)]
         group = Replicas(out, argv, replicas, faulty)
         _train(group, out, fault, steps, t.hang_hold_s, timeout_s)

@@ -7,8 +7,8 @@ survivors redo the step with the lost rows). torchft 0.2.0 as its README runs it
 ``ProcessGroupGloo``, DDP, ``min_replica_size`` 1; :mod:`._replicas_torchft`), when the peers extra is installed.
 Per system and fault, the medians of ``--runs`` runs:
 
-* ``survivor_stall_x`` — the survivors' longest step from the fault to the end ÷ their median step before it
-  (the rejoin included);
+* ``survivor_stall_x`` — the survivors' longest step in the three from the fault and the three from the
+  replacement's rejoin ÷ their median step before the fault;
 * ``steps_lost`` — steps the survivors computed and did not commit (a redo), plus any committed step lost;
 * ``heal_s`` — ours: the fault to the replacement's first committed step (``start_s`` of it: until its process
   ran, ``transfer_s``: the state's transfer); torchft: the replacement's spawn to its first participating commit
@@ -36,10 +36,18 @@ from nvrx_lab.observe.table import exit_status, report
 from nvrx_lab.replicas import ledger
 from nvrx_lab.replicas.local import run_local
 
-MODEL = ["--seq-len", "32", "--dim", "64", "--n-layers", "2", "--n-heads", "2", "--hidden-dim", "128",
-         "--global-batch", "12", "--log-every", "0", "--threads", "1"]
-"""The torchft rows' model (one torch thread per replica there too)."""
+
+def model_args(dim: int = 64) -> list[str]:
+    """The model both systems train (one torch thread per replica in both). A larger ``dim`` makes a longer step, so
+    the fixed costs of a fault (the victim's exit, the new group's connections) weigh less in the stall."""
+    return ["--seq-len", "32", "--dim", str(dim), "--n-layers", "2", "--n-heads", "2", "--hidden-dim", str(2 * dim),
+            "--global-batch", "12"]
+
+
 KINDS = ("exception", "sigkill", "hang")
+STALL_WINDOW = 3
+"""Steps from the fault, and from the replacement's rejoin, in which the survivors' longest step is looked for (the
+steps in between are the box's noise, not the fault's)."""
 VICTIM = 1
 
 
@@ -70,7 +78,9 @@ def measure(out: Path, replicas: int, fault_step: int | None, global_batch: int)
         return row
     before = [g for gs in gaps.values() for s, g in gs.items() if 2 < s < fault_step]
     row["median_step_s"] = statistics.median(before)
-    row["survivor_stall_x"] = max(g for gs in gaps.values() for s, g in gs.items() if s >= fault_step) / row["median_step_s"]
+    joined = [q["step"] for q in quorums if q.get("joiners") and q["step"] >= fault_step]
+    around = {*range(fault_step, fault_step + STALL_WINDOW), *(range(joined[0], joined[0] + STALL_WINDOW) if joined else ())}
+    row["survivor_stall_x"] = max(g for gs in gaps.values() for s, g in gs.items() if s in around) / row["median_step_s"]
     lost = [e for e in coord if e["kind"] == "replica_lost" and e["replica"] == VICTIM]
     events = read_events(out / f"replica{VICTIM}.jsonl")
     back = [e for e in events if e["kind"] == "step" and lost and e["t"] > lost[0]["t"]]
@@ -83,11 +93,11 @@ def measure(out: Path, replicas: int, fault_step: int | None, global_batch: int)
 
 
 def ours(root: Path, fault: str | None, steps: int, fault_step: int, replicas: int = 3, faults: str = "",
-         min_replicas: int = 1) -> dict:
+         min_replicas: int = 1, dim: int = 64) -> dict:
     """One run of ours (``faults`` overrides the single fault); its :func:`measure` and wall time."""
     out = root / f"ours-{fault or 'none'}-{time.monotonic_ns()}"
     spec = faults or (f"{VICTIM}:{fault_step}:{fault}" if fault else "")
-    args = [*MODEL, "--steps", str(steps), *(["--faults", spec] if spec else [])]
+    args = [*model_args(dim), "--log-every", "0", "--threads", "1", "--steps", str(steps), *(["--faults", spec] if spec else [])]
     t0 = time.monotonic()
     code = run_local(replicas, 1, out, args, max_restarts=max(3, spec.count(",") + 1), timeout=600,
                      min_replicas=min_replicas)
@@ -100,9 +110,10 @@ def ours(root: Path, fault: str | None, steps: int, fault_step: int, replicas: i
 
 def many_faults(n: int, gap: int = 3) -> tuple[str, int]:
     """``n`` faults, every kind, on replicas 1 and 2 in turn, ``gap`` steps apart; the schedule and the steps to run.
-    Replica 0 is never hit and the run uses ``--min-replicas 2``: a live replica always holds the state, a new step
-    waits for a replacement once one group is left, and a replacement fires the faults of the steps it skipped, so
-    every fault fires whatever the box's speed."""
+    Replica 0 is never hit (a live replica always holds the state) and the run uses ``--min-replicas 3``: the
+    survivors redo the faulted step without the lost group (its rows shared among them), and the next step waits for
+    its replacement, so every fault fires at its step whatever the box's speed. (With 2, a replacement that starts
+    after the others trained the last step never fires its group's last fault.)"""
     spec = ",".join(f"{1 + i % 2}:{4 + gap * i}:{KINDS[i % len(KINDS)]}" for i in range(n))
     return spec, 4 + gap * n + 4
 
@@ -138,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=400,
                     help="steps of each run (default 400: the replacement, ~4 s to start, joins before the end)")
     ap.add_argument("--fault-step", type=int, default=20, help="the step the fault hits replica 1 at (default 20)")
+    ap.add_argument("--dim", type=int, default=64, help="the model's width (default 64: a ~15 ms step here)")
     ap.add_argument("--many", type=int, default=20, help="faults of the long run (default 20; 0: no long run)")
     ap.add_argument("--peers", choices=["auto", "no"], default="auto", help="torchft rows when installed (auto)")
     ap.add_argument("--out", default="build/bench/replicas.json")
@@ -150,16 +162,16 @@ def main(argv: list[str] | None = None) -> int:
     rows, failed = [], []
     with tempfile.TemporaryDirectory(prefix="nvrx-replicas-") as tmp:
         root = Path(tmp)
-        clean_runs, errors = _repeat(lambda: ours(root, None, a.steps, a.fault_step), 1, "ours fault-free")
+        clean_runs, errors = _repeat(lambda: ours(root, None, a.steps, a.fault_step, dim=a.dim), 1, "ours fault-free")
         clean = clean_runs[0] if clean_runs else None
         rows.append(_median_row("nvrx_lab", "none", clean_runs, clean, errors))
         for kind in KINDS:
-            done, errors = _repeat(lambda k=kind: ours(root, k, a.steps, a.fault_step), runs, f"ours {kind}")
+            done, errors = _repeat(lambda k=kind: ours(root, k, a.steps, a.fault_step, dim=a.dim), runs, f"ours {kind}")
             rows.append(_median_row("nvrx_lab", kind, done, clean, errors))
         rows += torchft_rows(root, a, runs)
         if many:
             spec, steps = many_faults(many)
-            done, errors = _repeat(lambda: ours(root, None, steps, 0, faults=spec, min_replicas=2), 1,
+            done, errors = _repeat(lambda: ours(root, None, steps, 0, faults=spec, min_replicas=3), 1,
                                    f"ours {many} faults")
             rows.append(_median_row("nvrx_lab", f"{many} faults", done, None, errors))
     failed = [f"{r['system']} {r['fault']}" for r in rows if r.get("error")]
@@ -179,12 +191,12 @@ def torchft_rows(root: Path, a, runs: int) -> list[dict]:
         return []
     from nvrx_lab.bench._replicas_torchft import run_torchft
 
-    system, rows = "torchft 0.2.0", []
-    clean_runs, errors = _repeat(lambda: run_torchft("none", root / "tf-none"), 1, "torchft fault-free")
+    system, rows, model = "torchft 0.2.0", [], model_args(a.dim)
+    clean_runs, errors = _repeat(lambda: run_torchft("none", root / "tf-none", model=model), 1, "torchft fault-free")
     clean = clean_runs[0] if clean_runs else None
     rows.append(_median_row(system, "none", clean_runs, clean, errors))
     for kind in KINDS:
-        done, errors = _repeat(lambda k=kind: run_torchft(k, root / f"tf-{k}-{time.monotonic_ns()}"), runs,
+        done, errors = _repeat(lambda k=kind: run_torchft(k, root / f"tf-{k}-{time.monotonic_ns()}", model=model), runs,
                                f"torchft {kind}")
         rows.append(_median_row(done[0]["system"] if done else system, kind, done, clean, errors))
     return rows

@@ -16,8 +16,9 @@ as local processes on CPU so CI exercises what ships::
 Introduced in ``notebooks/05_eks_manifests.ipynb``; submission in ``notebooks/06_submit_p5_job.ipynb``.
 One concept per module: :mod:`.instances`, :mod:`.modes`, :mod:`.spec`, :mod:`.checks`, :mod:`.commands`,
 :mod:`.render`, :mod:`.jobset`, :mod:`.yamlio`, :mod:`.validate`, :mod:`.crd`, :mod:`.auth`, :mod:`.submit`,
-:mod:`.watch`, :mod:`.local_plan`, :mod:`.local`; :mod:`.torchrun` is what the torchrun modes' pods run (torchrun,
-with a worker's usage error kept as exit code 2).
+:mod:`.watch`, :mod:`.local_plan`, :mod:`.local_job`, :mod:`.local`; :mod:`.replicas` and :mod:`.local_replicas`
+render and run the replicas mode's coordinator Deployment and group Jobs; :mod:`.torchrun` is what the torchrun
+modes' pods run (torchrun, with a worker's usage error kept as exit code 2).
 """
 
 from nvrx_lab.eks.auth import EksError, eks_token

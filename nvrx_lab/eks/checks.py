@@ -27,11 +27,13 @@ SECRETISH = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_KEY|ACCESS_
 SECTION = re.compile(r"^[a-z][a-z0-9_]*$")
 FSX_ID = re.compile(r"^fs-[0-9a-f]{8,17}$")
 MANAGED_TRAIN_FLAGS = ("--steps", "--seed", "--global-batch", "--metrics", "--ckpt", "--ckpt-interval", "--ckpt-dir",
-                       "--local-ckpt-interval", "--pg-timeout", "--restart", "--faults")
+                       "--local-ckpt-interval", "--pg-timeout", "--restart", "--faults", "--coordinator", "--replica-id",
+                       "--replicas")
 LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 WORKLOADS = ("job", "jobset")
 RESERVED_ENV = ("JOB_COMPLETION_INDEX", "NNODES", "NPROC_PER_NODE", "RANK0_HOST", "MASTER_PORT", "RDZV_PORT", "RUN_DIR",
-                "LAUNCHER_CONFIG", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")
+                "LAUNCHER_CONFIG", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "COORDINATOR_HOST", "COORDINATOR_PORT",
+                "STORE_PORT", "REPLICA_ID", "LISTEN_HOST")
 
 
 def _fail(field_name: str, problem: str) -> None:
@@ -41,6 +43,7 @@ def _fail(field_name: str, problem: str) -> None:
 def check(s: JobSpec) -> None:
     """Raise ``ValueError`` naming the first bad field of ``s`` and what it allows."""
     _check_identity(s)
+    _check_replicas(s)
     _check_node(s)
     _check_storage(s)
     _check_training(s)
@@ -71,6 +74,46 @@ def _check_identity(s: JobSpec) -> None:
     if not isinstance(s.queue_name, str) or len(s.queue_name) > 63 or not LABEL_VALUE.match(s.queue_name):
         _fail("queue_name", f"{s.queue_name!r} is not a label value; allowed: '' (no Kueue) or a LocalQueue name of up to "
                             "63 letters, digits, '-', '_' and '.'")
+
+
+def _world(s: JobSpec) -> str:
+    """How the world size comes about, for messages: ``2 nodes x 8 GPUs`` (``x 3 replica groups``)."""
+    return f"{s.nodes} nodes x {s.gpus} GPUs" + (f" x {s.groups} replica groups" if s.groups > 1 else "")
+
+
+def _check_replicas(s: JobSpec) -> None:
+    """The replica groups: their number, the quorum's minimum, names and ports that fit, and what the trainer refuses
+    under ``--restart replicas``. Other modes leave these fields alone, so a spec never says what it does not do."""
+    for f, default in (("replica_groups", 2), ("min_replicas", 1), ("coordinator_port", 29600)):
+        value = getattr(s, f)
+        if isinstance(value, bool) or not isinstance(value, int):
+            _fail(f, f"{value!r}; allowed: an integer")
+        if not s.mode_info.replicated and value != default:
+            _fail(f, f"{value} is for mode='replicas' (got mode {s.mode!r}); allowed: {default} (its default) here")
+    if not s.mode_info.replicated:
+        return
+    if s.replica_groups < 2:
+        _fail("replica_groups", f"{s.replica_groups}; allowed: >= 2 (a lone group has no live replica to heal from: use "
+                                "mode='baseline' with checkpoints)")
+    if not 1 <= s.min_replicas <= s.replica_groups:
+        _fail("min_replicas", f"{s.min_replicas}; allowed: 1..{s.replica_groups} (replica_groups)")
+    if s.workload != "job":
+        _fail("workload", f"{s.workload!r}: a JobSet recreates every replica group when one fails, so the survivors would "
+                          "stop; allowed with mode='replicas': job (one Indexed Job per group)")
+    longest = max(f"{s.name}-coordinator", f"{s.name}-g{s.replica_groups - 1}-{s.nodes - 1}", key=len)
+    if len(longest) > 63:
+        _fail("name", f"{s.name!r} is too long for {s.replica_groups} groups of {s.nodes} nodes: {longest!r} must fit 63 "
+                      f"characters; allowed: at most {len(s.name) - len(longest) + 63} characters")
+    if s.ckpt not in ("", "none"):
+        _fail("ckpt", f"{s.ckpt!r}: the trainer refuses checkpoints under --restart replicas (the state lives in the live "
+                      "replica groups); allowed with mode='replicas': '' or 'none'")
+    if s.local_ckpt_interval:
+        _fail("local_ckpt_interval", f"{s.local_ckpt_interval}: the trainer refuses local checkpoints under --restart "
+                                     "replicas; allowed with mode='replicas': 0")
+    used = {s.rdzv_port, s.master_port, s.master_port + 1}
+    if not 1024 <= s.coordinator_port <= 65534 or {s.coordinator_port, s.coordinator_port + 1} & used:
+        _fail("coordinator_port", f"{s.coordinator_port} (+1 for its TCPStore); allowed: 1024..65534, both apart from "
+                                  f"rdzv_port {s.rdzv_port} and master_port {s.master_port} (+1)")
 
 
 def _check_node(s: JobSpec) -> None:
@@ -128,9 +171,9 @@ def _check_training(s: JobSpec) -> None:
     """The trainer's flags: steps, batch, checkpoints, faults, extra flags and module."""
     if s.steps < 1:
         _fail("steps", f"must be >= 1, got {s.steps}")
-    world = s.nodes * s.gpus
+    world = s.world
     if s.global_batch < 0 or (s.global_batch and s.global_batch % world):
-        _fail("global_batch", f"{s.global_batch} does not divide by the world size {world} ({s.nodes} nodes x {s.gpus} GPUs); "
+        _fail("global_batch", f"{s.global_batch} does not divide by the world size {world} ({_world(s)}); "
                               "allowed: 0 (two per GPU) or a multiple of the world size")
     if s.ckpt not in ("", "none", "sync", "async"):
         _fail("ckpt", f"{s.ckpt!r}; allowed: '' (the mode's default: {s.mode_info.ckpt}), none, sync, async")
@@ -158,7 +201,7 @@ def _check_faults(s: JobSpec, world: int) -> None:
     for f in faults:
         if f.rank >= world:
             _fail("faults", f"{f.id!r}: rank {f.rank} does not exist; allowed: ranks 0..{world - 1} "
-                            f"(world size {world} = {s.nodes} nodes x {s.gpus} GPUs)")
+                            f"(world size {world} = {_world(s)})")
         if not 1 <= f.step <= s.steps:
             _fail("faults", f"{f.id!r}: step {f.step} never runs; allowed: steps 1..{s.steps} (JobSpec.steps)")
 

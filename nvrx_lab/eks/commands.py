@@ -69,6 +69,12 @@ def launch_head(s: JobSpec) -> PodTorchrun | Launcher:
     """The pod's launcher as a structured command: torchrun (static store on rank 0) or ``nvrx_lab.launcher``
     (c10d rendezvous, in-job restarts). Values are the pod's ``${VAR}`` references."""
     common = dict(nnodes="${NNODES}", nproc_per_node="${NPROC_PER_NODE}")
+    if s.mode_info.replicated:  # the group's own c10d rendezvous: torchrun replaces its workers in the pod
+        conf = (f"is_host=${{IS_RDZV_HOST}},join_timeout={s.rdzv_join_timeout},read_timeout={s.rdzv_read_timeout},"
+                f"keep_alive_interval={s.rdzv_keep_alive_s}")
+        return PodTorchrun(**common, rdzv_backend="c10d", rdzv_endpoint="${RANK0_HOST}:${RDZV_PORT}", rdzv_id=s.name,
+                           rdzv_conf=conf, max_restarts=s.launcher.max_restarts,
+                           monitor_interval=s.launcher.monitor_interval)
     if not s.mode_info.uses_launcher:
         return PodTorchrun(**common, node_rank="${JOB_COMPLETION_INDEX}", master_addr="${RANK0_HOST}",
                            master_port="${MASTER_PORT}", rdzv_conf=f"timeout={s.rdzv_join_timeout}", max_restarts=0)
@@ -82,6 +88,12 @@ def launch_head(s: JobSpec) -> PodTorchrun | Launcher:
 
 def train_worker(s: JobSpec) -> Worker:
     """What every worker of the pod runs: ``-m <train_module>`` with the JobSpec's flags, then ``train_extra``."""
+    if s.mode_info.replicated:  # no checkpoints: the state lives in the live groups; one event stream per group
+        return Worker.of(s.train_module, *s.train_extra, steps=s.steps, seed=s.seed, global_batch=s.batch,
+                         metrics="${RUN_DIR}/replica${REPLICA_ID}.jsonl", run_id=f"{s.name}-g${{REPLICA_ID}}", ckpt="none",
+                         pg_timeout=f"{s.pg_timeout:g}", restart="replicas",
+                         coordinator="${COORDINATOR_HOST}:${COORDINATOR_PORT}", replica_id="${REPLICA_ID}",
+                         replicas=s.replica_groups, faults=s.faults or None)
     return Worker.of(s.train_module, *s.train_extra, steps=s.steps, seed=s.seed, global_batch=s.batch,
                      metrics="${RUN_DIR}/metrics.jsonl", run_id=s.name, ckpt=s.ckpt_mode, ckpt_interval=s.ckpt_interval,
                      ckpt_dir="${RUN_DIR}/ckpt", local_ckpt_interval=s.local_ckpt_interval or None,
@@ -91,6 +103,19 @@ def train_worker(s: JobSpec) -> Worker:
 
 def _launcher_why(s: JobSpec) -> dict[str, str]:
     m = s.mode_info
+    if m.replicated:
+        return {
+            "--nnodes": "the group's pods; the group's Indexed Job's parallelism",
+            "--nproc-per-node": "one worker per GPU the pod was given (nvidia.com/gpu)",
+            "--rdzv-backend": "c10d: a replaced worker (or pod) re-forms the group with the others",
+            "--rdzv-endpoint": "the store runs in the group's completion index 0: <group>-0.<group>",
+            "--rdzv-id": "one rendezvous per group (each group's index 0 hosts its own store)",
+            "--rdzv-conf": "index 0 hosts the store (no hostname guessing); join and read timeouts: pods start minutes "
+                           "apart (image pulls); a lost node leaves the rendezvous after 3 keep-alive intervals",
+            "--max-restarts": "torchrun replaces the group's failed workers in the pod; they heal from a live group "
+                              "while the other groups train on; then the pod fails (backoffLimit)",
+            "--monitor-interval": "seconds between checks of the workers",
+        }
     if not m.uses_launcher:
         return {
             "--nnodes": "one pod per node; the Job's parallelism",
@@ -143,8 +168,17 @@ def trainer_flags(s: JobSpec) -> list[Flag]:
         "--pg-timeout": "seconds before a collective gives up: longer than the longest section (a blocking save) and "
                         "NCCL's start-up at scale",
         "--restart": m.summary,
-        "--faults": "injected faults RANK:STEP:KIND[:PHASE], each fires once",
+        "--faults": "injected faults RANK:STEP:KIND[:PHASE], each fires once"
+                    + (" (RANK counts across the groups: replica id x ranks + rank)" if m.replicated else ""),
+        "--coordinator": "the coordinator's Service: a quorum per step, the failed groups dropped",
+        "--replica-id": "this Job's replica group",
+        "--replicas": "replica groups of the job; the global batch is shared by those in each step's quorum",
     }
+    if m.replicated:
+        why |= {"--ckpt": "none: the trainer refuses checkpoints here; a replacement heals from a live group",
+                "--metrics": "this group's event stream on FSx, beside coordinator.jsonl (the data ledger reads both)",
+                "--run-id": "a restarted pod continues this group's run (its events, its fired faults)",
+                "--global-batch": f"sequences per step across all {s.world} GPUs of the {s.groups} groups"}
     return [Flag(flag, value, why[flag]) for flag, value in train_worker(s).pairs()]
 
 
@@ -175,7 +209,8 @@ def launcher_config(s: JobSpec) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _array(name: str, flags: list[Flag]) -> list[str]:
+def flag_array(name: str, flags: list[Flag]) -> list[str]:
+    """A bash array of ``flags``, one a line, each with its reason as a comment."""
     width = max(len(f.shell()) for f in flags) + 2
     return [f"{name}=("] + [f"  {f.shell():<{width}}# {f.why}" for f in flags] + [")"]
 
@@ -194,6 +229,9 @@ def container_script(s: JobSpec) -> str:
         'mkdir -p "${RUN_DIR}"' + (' "${RUN_DIR}/nccl-trace"  # the flight recorder dumps here' if s.nccl_trace_buffer
                                     else ""),
     ]
+    if m.replicated:
+        lines += ["# Completion index 0 hosts the group's rendezvous store; the others connect to it.",
+                  "IS_RDZV_HOST=$(( JOB_COMPLETION_INDEX == 0 ? 1 : 0 ))"]
     if m.uses_launcher:
         lines += ["# Completion index 0 hosts the rendezvous store; the others connect to it.",
                   "IS_RDZV_HOST=$(( JOB_COMPLETION_INDEX == 0 ? 1 : 0 ))",
@@ -202,8 +240,8 @@ def container_script(s: JobSpec) -> str:
                   'NODE_ADDR="${RANK0_HOST}"',
                   "(( JOB_COMPLETION_INDEX == 0 )) || "
                   'NODE_ADDR=$(printf "%s/node-%05d" "${RANK0_HOST}" "${JOB_COMPLETION_INDEX}")']
-    lines += _array("launcher_args", launcher_flags(s, head))
-    lines += _array("trainer_args", trainer_flags(s))
+    lines += flag_array("launcher_args", launcher_flags(s, head))
+    lines += flag_array("trainer_args", trainer_flags(s))
     if worker.extra:
         lines.append(f"trainer_args+=({shlex.join(worker.extra)})  # JobSpec.train_extra")
     lines += [

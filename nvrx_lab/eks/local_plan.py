@@ -10,8 +10,10 @@ passed in ``host_env``), the manifest's variables (``$(VAR)`` expanded), the dow
 Secrets only if passed in ``secrets``. What a laptop does not have is
 mapped, and only that, one whole value at a time (never inside a string):
 
-* a variable naming a pod ``<job>-<i>.<service>[.<ns>[.svc[.cluster.local]]]`` -> ``127.0.0.1``;
-* the Service's ports -> free local ports (``MASTER_PORT``, ``RDZV_PORT`` …);
+* a variable naming a pod ``<job>-<i>.<service>[.<ns>[.svc[.cluster.local]]]``, or another Service the pods dial
+  (``services``: the replicas mode's coordinator), -> ``127.0.0.1``;
+* the Service's ports -> free local ports (``MASTER_PORT``, ``RDZV_PORT`` …), the other Services' ports -> theirs;
+* a listen address ``0.0.0.0`` (every interface of a pod) -> ``127.0.0.1``: a local run is reachable from here only;
 * GPUs -> CPU worker processes: ``NPROC_PER_NODE`` capped at ``max_procs_per_node``;
 * volume mount paths -> directories under ``workdir`` (a PersistentVolumeClaim is shared by all
   pods like FSx, a ConfigMap's data becomes files, ``/dev/shm`` stays ``/dev/shm``).
@@ -27,7 +29,7 @@ import os
 import re
 import sys
 import uuid
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,15 +98,16 @@ class _Job:
     """The pods' DNS names (``<job>-<i>.<service>[.<ns>[.svc[.cluster.local]]]``), all ``127.0.0.1`` here."""
 
 
-def _local_ports(manifests: list[dict], service: str, cont: dict) -> dict[int, int]:
-    """Every port the Service (or the container) declares -> a free local port (and the next one free too)."""
+def local_ports(manifests: list[dict], service: str, cont: dict, taken: Collection[int] = ()) -> dict[int, int]:
+    """Every port the Service (or the container) declares -> a free local port (and the next one free too), none of
+    ``taken`` (other Services' local ports, which their processes may not have bound yet)."""
     declared = [p["port"] for s in manifests if s.get("kind") == "Service" and s["metadata"]["name"] == service
                 for p in s["spec"].get("ports", [])] or [p["containerPort"] for p in cont.get("ports", [])]
     ports: dict[int, int] = {}
     for p in declared:
         while p not in ports:
             q = free_port_pair()
-            if q not in ports.values() and q + 1 not in ports.values():
+            if not {q, q + 1} & {*ports.values(), *taken}:
                 ports[p] = q
     return ports
 
@@ -187,7 +190,7 @@ def _local_value(name: str, value: str, job: _Job, mounts: dict[str, Path]) -> s
         return str(job.ports[int(value)])
     if name == "NPROC_PER_NODE" and value == str(job.gpus):
         return str(job.nproc)
-    if value in job.hosts:
+    if value in job.hosts or value == "0.0.0.0":
         return LOOPBACK
     local = under_mount(mounts, value)
     return value if local is None else str(local)
@@ -208,10 +211,10 @@ def _argv(manifests: list[dict], job: _Job, pod_env: dict[str, str], mounts: dic
 
 def plan(manifests: list[dict], workdir: str | Path, max_procs_per_node: int = 1,
          secrets: Mapping[tuple[str, str], str] | None = None, extra_env: Mapping[str, str] | None = None,
-         host_env: Mapping[str, str] | None = None) -> LocalRun:
+         host_env: Mapping[str, str] | None = None, services: Mapping[str, Mapping[int, int]] | None = None) -> LocalRun:
     """The processes :func:`~nvrx_lab.eks.local.local_run` would start, with their argv and env; starts nothing.
     ``host_env``: this machine's variables every pod starts with, under the image's and the manifest's (none by
-    default; secrets are dropped)."""
+    default; secrets are dropped). ``services``: other Services the pods dial, name -> {port: local port}."""
     manifest, _ = workload(manifests)
     workdir = Path(workdir)
     name, ns = manifest["metadata"]["name"], manifest["metadata"].get("namespace", "default")
@@ -221,10 +224,12 @@ def plan(manifests: list[dict], workdir: str | Path, max_procs_per_node: int = 1
     cont, service, nodes = pspec["containers"][0], pspec.get("subdomain", name), int(jspec["completions"])
     configmaps = {m["metadata"]["name"]: m.get("data", {}) for m in manifests if m.get("kind") == "ConfigMap"}
     gpus = int((cont.get("resources", {}).get("limits", {}) or {}).get("nvidia.com/gpu", 1))
-    hosts = frozenset(f"{name}-{i}.{service}{suffix}" for i in range(nodes)
-                      for suffix in ("", f".{ns}", f".{ns}.svc", f".{ns}.svc.cluster.local"))
-    job = _Job(name, ns, nodes, cont, _local_ports(manifests, service, cont), gpus, max(1, min(gpus, max_procs_per_node)),
-               configmaps, secrets or {}, hosts)
+    suffixes = ("", f".{ns}", f".{ns}.svc", f".{ns}.svc.cluster.local")
+    hosts = frozenset([*(f"{name}-{i}.{service}{suffix}" for i in range(nodes) for suffix in suffixes),
+                       *(f"{other}{suffix}" for other in services or {} for suffix in suffixes)])
+    theirs = {p: q for other in (services or {}).values() for p, q in other.items()}
+    own = local_ports(manifests, service, cont, taken=theirs.values())
+    job = _Job(name, ns, nodes, cont, theirs | own, gpus, max(1, min(gpus, max_procs_per_node)), configmaps, secrets or {}, hosts)
     shared = _shared_mounts(pspec, cont, configmaps, workdir)
     base = _base_env(workdir, host_env or {})
     pods = []
@@ -240,7 +245,7 @@ def plan(manifests: list[dict], workdir: str | Path, max_procs_per_node: int = 1
         env["HOSTNAME"] = f"{name}-{i}"
         env.update(extra_env or {})
         pods.append(LocalPod(i, f"{name}-{i}", _argv(manifests, job, pod_env, mounts), env))
-    return LocalRun(pods, workdir, _pod_mounts(cont, shared, workdir, 0), job.ports)
+    return LocalRun(pods, workdir, _pod_mounts(cont, shared, workdir, 0), own)
 
 
 __all__ = ["plan", "workload"]

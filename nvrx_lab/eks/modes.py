@@ -1,4 +1,4 @@
-"""The five ways a job runs, and what each needs from Kubernetes, the launcher and NCCL.
+"""The six ways a job runs, and what each needs from Kubernetes, the launcher and NCCL.
 
 ========================  =====================  ==========================  ==========================
 mode                      launcher               who restarts after a fault  trainer flags
@@ -8,7 +8,15 @@ async_ckpt                torchrun               Kubernetes (new pods)       ``-
 inprocess                 torchrun               the trainer, in-process     ``--restart inprocess``
 ft_launcher               nvrx_lab.launcher      the launcher, in the pod    ``--restart launcher``
 ft_launcher+inprocess     nvrx_lab.launcher      both (min-healthy)          ``--restart launcher+inprocess``
+replicas                  torchrun per group     torchrun, in the group's    ``--restart replicas``
+                                                 pods; the others go on
 ========================  =====================  ==========================  ==========================
+
+``replicas`` is the one mode of several Jobs: R replica groups, each an Indexed Job of its own with
+torchrun's c10d rendezvous inside it, plus a coordinator Deployment that forms a quorum per step
+(:mod:`nvrx_lab.eks.replicas`, :mod:`nvrx_lab.replicas`). A failed group's workers are replaced by its
+torchrun (``--max-restarts``) and heal from a live group; the other groups never stop, so no checkpoint
+is written or read (the trainer refuses ``--ckpt`` there).
 
 The NCCL settings differ by what must survive an error. Under Kubernetes restarts the process
 should die fast so the pod fails (``TORCH_NCCL_ASYNC_ERROR_HANDLING=3``, PyTorch's default,
@@ -54,6 +62,11 @@ class Mode:
     def uses_launcher(self) -> bool:
         return self.launcher == "launcher"
 
+    @property
+    def replicated(self) -> bool:
+        """Several replica groups (one Indexed Job each) and their coordinator, instead of one Job."""
+        return self.restart == "replicas"
+
 
 MODES: dict[str, Mode] = {m.name: m for m in [
     Mode("baseline", "torchrun", "none", "sync", "", True,
@@ -66,6 +79,9 @@ MODES: dict[str, Mode] = {m.name: m for m in [
          "nvrx_lab.launcher restarts the worker group in the pod on a crash or missed heartbeats"),
     Mode("ft_launcher+inprocess", "launcher", "launcher+inprocess", "sync", "min-healthy", False,
          "exceptions recovered in-process; crashes and hangs by the launcher (min-healthy)"),
+    Mode("replicas", "torchrun", "replicas", "none", "", False,
+         "replica groups, one Indexed Job each; a failed group's torchrun replaces its workers, which heal from a live "
+         "group while the others train on (nvrx_lab.replicas)"),
 ]}
 
 
@@ -126,6 +142,9 @@ def nccl_env(m: Mode, efa: int, efa_rdma: bool, hugepages: bool, nccl_debug: str
             ("NCCL_NVLS_ENABLE", "0", "in-process restart: NVLS multicast memory is not freed by ncclCommAbort; the next "
                                       "attempt's communicator would fail"),
         ]
+    elif m.replicated:
+        env.append(("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3", "replicas: tear the process down on an NCCL error, so the "
+                                                            "group's torchrun replaces its workers (the others go on)"))
     elif m.uses_launcher:
         env.append(("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1", "launcher: abort the communicator and exit, so the launcher "
                                                             "sees the failure within --monitor-interval"))

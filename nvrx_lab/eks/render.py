@@ -26,7 +26,7 @@ Service and the Indexed Job. The pod template is where the modes meet the hardwa
 
 from __future__ import annotations
 
-from nvrx_lab.eks import commands
+from nvrx_lab.eks import commands, replicas
 from nvrx_lab.eks.jobset import jobset
 from nvrx_lab.eks.modes import flight_recorder_env, nccl_env
 from nvrx_lab.eks.spec import JobSpec
@@ -89,6 +89,8 @@ def config_map(s: JobSpec) -> dict:
 
 
 def ports(s: JobSpec) -> list[tuple[str, int]]:
+    if s.mode_info.replicated:  # the group's c10d rendezvous only: the cross-replica store is the coordinator's
+        return [("rdzv", s.rdzv_port)]
     return [("rdzv", s.rdzv_port), ("store", s.master_port), ("inproc-store", s.master_port + 1)]
 
 
@@ -105,9 +107,12 @@ def env_vars(s: JobSpec) -> list[tuple[str, str, str]]:
         ("NNODES", str(s.nodes), "nodes in the job = the Indexed Job's completions"),
         ("NPROC_PER_NODE", str(s.gpus), "workers per pod = nvidia.com/gpu"),
         ("RANK0_HOST", s.rank0_host, "completion index 0's DNS name under the headless Service"),
-        ("MASTER_PORT", str(s.master_port), "torchrun's store on rank 0 (the in-process store uses the next port)"),
-        ("RDZV_PORT", str(s.rdzv_port), "the c10d rendezvous store on rank 0 (launcher modes)"),
+        *([] if s.mode_info.replicated else
+          [("MASTER_PORT", str(s.master_port), "torchrun's store on rank 0 (the in-process store uses the next port)")]),
+        ("RDZV_PORT", str(s.rdzv_port), "the group's c10d rendezvous store on its index 0" if s.mode_info.replicated
+         else "the c10d rendezvous store on rank 0 (launcher modes)"),
         ("RUN_DIR", s.run_dir, "this job's directory on FSx: metrics and checkpoints"),
+        *(replicas.group_env(s) if s.mode_info.replicated else []),
         *([("LAUNCHER_CONFIG", f"{commands.CONFIG_DIR}/{commands.CONFIG_FILE}", "the launcher's config file (ConfigMap mount)")]
           if s.mode_info.uses_launcher else []),
         *([("LOCAL_CKPT_DIR", commands.NVME_DIR, "local checkpoints on the node's NVMe (disk-backed emptyDir)")]
@@ -220,7 +225,9 @@ def job(s: JobSpec) -> dict:
 
 def render(spec: JobSpec) -> list[dict]:
     """All objects of ``spec``'s job, in the order they must be created: for ``workload='jobset'`` the JobSet
-    (:mod:`nvrx_lab.eks.jobset`: its controller makes the headless Service) instead of the Service and the Job."""
+    (:mod:`nvrx_lab.eks.jobset`: its controller makes the headless Service) instead of the Service and the Job; for
+    ``mode='replicas'`` the coordinator's Service and Deployment, then each group's Service and Job
+    (:mod:`nvrx_lab.eks.replicas`)."""
     out: list[dict] = [namespace(spec)] if spec.create_namespace else []
     if spec.fsx_volume_handle:
         out += fsx_storage(spec)
@@ -229,6 +236,8 @@ def render(spec: JobSpec) -> list[dict]:
     if spec.workload == "jobset":
         meta = _meta(spec, spec.name) | {"labels": workload_labels(spec), "annotations": {"nvrx-lab/mode": spec.mode}}
         return [*out, jobset(spec, meta, job_spec(spec, backoff_limit=0), labels(spec))]
+    if spec.mode_info.replicated:
+        return [*out, *replicas.replica_objects(spec, service(spec), job(spec))]
     return [*out, service(spec), job(spec)]
 
 

@@ -59,7 +59,16 @@ class JobSpec:
     nodes: int = 2
     """Nodes = pods = completion indexes of the Indexed Job (one pod per node)."""
     mode: str = "ft_launcher"
-    """baseline, async_ckpt, inprocess, ft_launcher or ft_launcher+inprocess (see :mod:`nvrx_lab.eks.modes`)."""
+    """baseline, async_ckpt, inprocess, ft_launcher, ft_launcher+inprocess or replicas (see :mod:`nvrx_lab.eks.modes`)."""
+    replica_groups: int = 2
+    """``mode='replicas'``: replica groups, each a whole copy of the model trained by its own Indexed Job of ``nodes``
+    pods (FSDP inside a group); at least 2, since a lone group has nobody to heal from. Other modes: leave it."""
+    min_replicas: int = 1
+    """``mode='replicas'``: fewest groups a new step starts with (1..replica_groups). With fewer alive the survivors
+    wait at the step for a replacement: 1 never waits; more keeps that much of the job's throughput."""
+    coordinator_port: int = 29600
+    """``mode='replicas'``: the coordinator's quorum port on its Service ``<name>-coordinator``; its TCPStore (the
+    address book of the groups' cross-replica rings) listens on the next port."""
     workload: str = "job"
     """``job``: an Indexed Job and its headless Service, plain Kubernetes; ``jobset``: a JobSet (its controller must be
     installed) whose one replicated Job restarts as a whole group, at once (:mod:`nvrx_lab.eks.jobset`)."""
@@ -215,8 +224,18 @@ class JobSpec:
         return self.ckpt or self.mode_info.ckpt
 
     @property
+    def groups(self) -> int:
+        """Replica groups: ``replica_groups`` in the replicas mode, else the one group that is the whole job."""
+        return self.replica_groups if self.mode_info.replicated else 1
+
+    @property
+    def world(self) -> int:
+        """Ranks of the whole job: every GPU of every pod of every group (faults count ranks across the groups)."""
+        return self.groups * self.nodes * self.gpus
+
+    @property
     def batch(self) -> int:
-        return self.global_batch or 2 * self.nodes * self.gpus
+        return self.global_batch or 2 * self.world
 
     @property
     def backoff(self) -> int:

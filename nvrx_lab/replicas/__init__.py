@@ -1,13 +1,14 @@
 """Replica-level fault tolerance: the survivors never stop.
 
 The job is R replica groups, each a whole copy of the model (FSDP inside a group). Each step the groups' gradients
-are summed across groups over a process group a failure cannot wedge (its sockets are cut on an abort, as in
-:mod:`nvrx_lab.inprocess`), and a coordinator forms a quorum per step (:mod:`.coordinator`, :mod:`.protocol`):
+are summed across groups over a ring of plain TCP connections a failure cannot wedge (:mod:`.ring`: a new quorum
+costs a rank one connect; its sockets are shut on an abort), and a coordinator forms a quorum per step
+(:mod:`.coordinator`, :mod:`.protocol`):
 
 * a step commits only when every member of its quorum finished it, so no update is applied half-way;
 * a failed group (an exception, a SIGKILL, a hang the others wait for) is dropped; the survivors redo that one step
   with its rows of the batch (:class:`.protocol.StepShares`), so the global batch stays what the config says;
-* its launcher starts a replacement, which takes a live group's state over the quorum's group (:mod:`.heal`) and
+* its launcher starts a replacement, which takes a live group's state over a connection of its own (:mod:`.heal`) and
   joins at a step boundary; nobody reloads a checkpoint;
 * every rank writes which rows it contributed; :mod:`.ledger` checks every sample of every committed step was
   trained exactly once.

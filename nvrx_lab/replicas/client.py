@@ -21,6 +21,7 @@ import queue
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 from nvrx_lab import liveness
@@ -59,6 +60,7 @@ class ReplicaClient:
         self.on_abort: Callable[[int], None] | None = None
         """Called from the reader thread when a quorum is aborted (its qid): cut the reduction's sockets."""
         self.closed = False
+        self._training = time.pthread_getcpuclockid(threading.get_ident())  # this thread's CPU clock: the coordinator's probe
         self._send({"op": "hello", "replica": replica, "rank": rank, "ranks": ranks})
         threading.Thread(target=self._read, daemon=True, name="nvrx-replica-reader").start()
         wait_for(self._welcome.is_set, connect_timeout, "the coordinator's welcome", interval=0.01, on_poll=liveness.beat)
@@ -90,6 +92,8 @@ class ReplicaClient:
                   file=sys.stderr, flush=True)
             if self.on_abort is not None:
                 self.on_abort(msg["qid"])
+        elif op == "probe":  # hung or only slow? how much CPU the training thread has used (.probe)
+            self._send({"op": "busy", "id": msg["id"], "rank": self.rank, "cpu": time.clock_gettime(self._training)})
         elif op == "state_lost":
             self.closed = True
             self._quorums.put(StateLost(msg["why"]))
@@ -138,6 +142,13 @@ class ReplicaClient:
 
     def stuck(self, step: int, qid: int) -> None:
         self._send({"op": "stuck", "step": step, "qid": qid})
+
+    def fail(self, why: str) -> None:
+        """This rank failed (an error it will exit with): the coordinator drops its replica at once."""
+        try:
+            self._send({"op": "fail", "why": why[:200]})
+        except OSError:
+            pass
 
     def bye(self) -> None:
         self.closed = True

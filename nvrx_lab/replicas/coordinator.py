@@ -8,11 +8,11 @@ step and replica: one request and one answer (O(1)); per fault: one notice to ev
   step before, it is committed (every member applies its update: no update is ever applied half-way); replacements
   that said hello meanwhile join a fresh step, with a donor that sends them its state;
 * **a member failed** when one of its ranks' connections closes (its process died: at once), its heartbeats stop
-  (its node is gone), or every other member waits for it in the step's reduction (``stuck``: it hangs). The
-  member is dropped (a hung one is told to exit), the other members are told to abort the step's reduction, and
-  they redo that step without it, taking its rows of the batch (:class:`~.protocol.StepShares`).
+  (its node is gone), or every other member waits for it in the step's reduction and it does not run (``stuck``,
+  then :mod:`.probe`: it hangs). The member is dropped (a hung one is told to exit), the others are told to abort
+  the step's reduction, and they redo that step without it, taking its rows of the batch (:class:`~.protocol.StepShares`).
 
-It also hosts the ``TCPStore`` the members' cross-replica process groups meet on (:mod:`.group`).
+It also hosts the ``TCPStore`` where every rank writes the address of its end of the cross-replica ring (:mod:`.ring`).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from nvrx_lab.net import listen
 
+from .probe import Probes
 from .protocol import Quorum, encode
 
 
@@ -40,11 +41,9 @@ class Member:
     ranks: int
     conns: dict[int, socket.socket] = field(default_factory=dict)
     alive: bool = True
-    healing: bool = False
-    """Said hello after the first quorum: it needs a live member's state."""
+    healing: bool = False  # said hello after the first quorum: it needs a live member's state
     joined: int | None = None  # the step its rank 0 asked to compute next
-    done: int | None = None
-    """The last step it finished (its reduction completed on every rank)."""
+    done: int | None = None  # the last step it finished (its reduction completed on every rank)
     stuck: bool = False
     finished: bool = False  # trained the last step and said bye
     last_beat: float = field(default_factory=time.monotonic)
@@ -61,14 +60,14 @@ class Coordinator:
         self.aborted = False
         self.committed: int | None = None
         self.over = False  # every member trained the last step
-        self.state_lost: str | None = None
-        """Why the job cannot go on: every member failed before a replacement took its state (no checkpoint here)."""
+        self.state_lost: str | None = None  # why the job cannot go on: every member failed before a replacement healed
         self.lock = threading.RLock()
         self.store_port = 0
         self._send_locks: dict[socket.socket, threading.Lock] = {}
         self._qid = 0
         self._formed_at = time.monotonic()
         self._unjoined: set[int] = set()  # members of the current quorum that have not joined the next step
+        self.probes = Probes(self)
 
     def hello(self, conn: socket.socket, msg: dict) -> None:
         with self.lock:
@@ -100,22 +99,20 @@ class Coordinator:
 
     def stuck(self, replica: int, qid: int) -> None:
         """A rank of ``replica`` waits too long in quorum ``qid``'s reduction: is every other member waiting for the
-        same few? Those are hung: drop them, abort the step."""
+        same few? Those are suspects: :mod:`.probe` drops those that do not run."""
         with self.lock:
             if self.quorum is None or qid != self.quorum.qid or self.aborted:
                 return
-            self.members[replica].stuck = True
             live = [self.members[r] for r in self.quorum.members if self.members[r].alive]
-            waiting = [m for m in live if m.stuck or m.joined == self.quorum.step + 1]
-            culprits = [m for m in live if m not in waiting]
-            # no more culprits than waiters: a member merely slower than the first to wait is given time to wait too
-            if culprits and len(culprits) <= len(waiting):
-                for m in culprits:
-                    self._fail(m, "hang: every other member waited for it in the step's reduction", evict=True)
+            if any(m.joined == self.quorum.step + 1 for m in live):  # one finished the reduction: so did every member
+                return                                               # (a report sent just before it completed)
+            self.members[replica].stuck = True
+            culprits = [m for m in live if not m.stuck]  # no more than the waiters: one merely slower than the first
+            if culprits and len(culprits) <= len(live) - len(culprits):  # to wait may wait too; hung or slow? (.probe)
+                self.probes.suspect(qid, culprits)
 
     def beat(self, replica: int) -> None:
-        with self.lock:
-            if (m := self.members.get(replica)) is not None: m.last_beat = time.monotonic()  # noqa: E701
+        if (m := self.members.get(replica)) is not None: m.last_beat = time.monotonic()  # noqa: E701 (a float store)
 
     def bye(self, replica: int) -> None:
         """The replica trained its last step and leaves: no failure."""
@@ -131,12 +128,12 @@ class Coordinator:
                         for conn in w.conns.values():
                             self._send(conn, {"op": "finished", "step": self.committed})
 
-    def lost(self, replica: int, conn: socket.socket) -> None:
-        """A rank's connection closed without a ``bye``: its process is gone."""
+    def lost(self, replica: int, conn: socket.socket, why: str = "its process exited (connection closed)") -> None:
+        """A rank's connection closed without a ``bye`` (its process is gone), or the rank said it failed."""
         with self.lock:
             m = self.members.get(replica)
             if m is not None and m.alive and any(c is conn for c in m.conns.values()):
-                self._fail(m, "its process exited (connection closed)")
+                self._fail(m, why)
 
     def check_beats(self) -> None:
         with self.lock:
@@ -202,15 +199,13 @@ class Coordinator:
 
     def _publish(self, members: list[int], step: int, committed: int | None, joiners: list[int] = ()) -> None:
         prev = self.quorum
-        if prev is None or tuple(members) != prev.members:
-            self._qid += 1
+        self._qid += prev is None or tuple(members) != prev.members
         now = time.monotonic()
         epoch = {"formed_s": round(now - self._formed_at, 6), "lost": sorted(set(prev.members) - set(members)) if prev else []}
         donor = next((r for r in members if r not in joiners), None) if joiners else None
         self.quorum = Quorum(self._qid, step, tuple(members), committed, donor, tuple(joiners), epoch)
         self.aborted, self._formed_at = False, now
-        if committed is not None:
-            self.committed = committed
+        self.committed = committed if committed is not None else self.committed
         for r in joiners:
             self.members[r].healing = False
         self.emit("quorum", qid=self._qid, step=step, members=list(members), committed=committed, joiners=list(joiners))
@@ -245,6 +240,10 @@ def _serve_connection(coord: Coordinator, conn: socket.socket) -> None:
                 coord.stuck(replica, msg["qid"])
             elif op == "beat":
                 coord.beat(replica)
+            elif op == "busy":
+                coord.probes.busy(replica, msg["rank"], msg["id"], msg["cpu"])
+            elif op == "fail":
+                coord.lost(replica, conn, f"it failed ({msg['why']})")
             elif op == "bye":
                 coord.bye(replica)
     except (OSError, ValueError):
@@ -256,10 +255,10 @@ def _serve_connection(coord: Coordinator, conn: socket.socket) -> None:
 
 
 def serve(coord: Coordinator, host: str, port: int, ready: threading.Event | None = None,
-          stop: threading.Event | None = None) -> None:
+          stop: threading.Event | None = None, store_port: int = 0) -> None:
     """Accept ranks on ``host:port`` (and host the groups' store beside it) until ``stop`` is set."""
     server = listen(host, port)
-    store_sock = listen(host, 0)
+    store_sock = listen(host, store_port)  # 0: any free port (a pod's Service names a fixed one)
     coord.store_port = store_sock.getsockname()[1]
     store = dist.TCPStore(host, coord.store_port, is_master=True, wait_for_workers=False,  # noqa: F841 - held open
                           timeout=timedelta(seconds=60), master_listen_fd=store_sock.detach())
@@ -285,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = Parser(prog="python -m nvrx_lab.replicas.coordinator", description=__doc__.split("\n")[0])
     ap.add_argument("--host", default="127.0.0.1", help="address to listen on (a pod's: 0.0.0.0)")
     ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--store-port", type=int, default=0, help="the groups' TCPStore port (default 0: any free one)")
     ap.add_argument("--replicas", type=int, required=True, help="replica groups of the job (the first quorum waits for all)")
     ap.add_argument("--min-replicas", type=int, default=1, help="fewest replica groups a new step starts with")
     ap.add_argument("--beat-timeout", type=float, default=5.0, help="a member silent this long is gone (s)")
@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     coord = Coordinator(a.replicas, a.min_replicas, a.beat_timeout, emit=EventLog(a.metrics, rank=-1).emit)
     print(f"[nvrx_lab.replicas] coordinator on {a.host}:{a.port}, {a.replicas} replica groups", flush=True)
-    serve(coord, a.host, a.port)
+    serve(coord, a.host, a.port, store_port=a.store_port)
     return 0
 
 

@@ -1,28 +1,27 @@
-"""The cross-replica process group of one quorum: what a failure cannot wedge.
+"""The cross-replica group of one quorum: what a failure cannot wedge.
 
-Rank ``k`` of every member of quorum ``q`` meets rank ``k`` of the others in a gloo group of its own
-(``ProcessGroupGloo`` on the coordinator's store, prefix ``q<q>/k<k>``): HSDP's replica dimension. Its sockets
-are remembered (:mod:`nvrx_lab.sockets`), and :meth:`ReplicaGroup.cut` shuts them: a reduction waiting on a
-member that died (its peers see the closed socket themselves) or hangs (the coordinator says so) fails at
-once on every rank, and the members meet again in the next quorum's group.
+Rank ``k`` of every member of quorum ``q`` sums gradients with rank ``k`` of the others: HSDP's replica dimension.
+The data plane is our own ring of plain TCP connections (:mod:`.ring`): a new quorum costs each rank one connect
+to the next member (gloo's full mesh took 10-30 ms a quorum here, more than the step it was formed for), and
+:meth:`ReplicaGroup.cut` shuts the ring's sockets, so a sum waiting on a member that died (its peers see the closed
+socket themselves) or hangs (the coordinator says so) fails at once on every rank, and the members meet again in
+the next quorum's ring.
 
-:meth:`ReplicaGroup.all_reduce` runs the reduction asynchronously and watches it: done; aborted by the
-coordinator (cut, :class:`StepAborted`); or taking longer than ``patience`` (told to the coordinator once, which
-looks for the member everybody waits for).
+:meth:`ReplicaGroup.all_reduce` watches the sum while it runs: done; aborted by the coordinator (cut,
+:class:`StepAborted`); or taking longer than ``patience`` (told to the coordinator once, which looks for the member
+everybody waits for). On a GPU the buffer is copied to host memory first (the caller's ``flat``); the ring moves
+host memory, as gloo did.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
-from datetime import timedelta
 
 import torch
-import torch.distributed as dist
 
-from nvrx_lab.net import wait_for
-from nvrx_lab.sockets import shutdown_connected, socket_fds
+from .protocol import Quorum
+from .ring import Endpoint, Ring, RingBroken
 
 
 class StepAborted(RuntimeError):
@@ -30,69 +29,44 @@ class StepAborted(RuntimeError):
 
 
 class ReplicaGroup:
-    def __init__(self, qid: int, index: int, size: int):
-        self.qid, self.index, self.size = qid, index, size
-        self._lock = threading.Lock()
-        self._cut = False
-        self._before = socket_fds()
-        self._fds: set[int] | None = None
-        self.pg = None
+    def __init__(self, endpoint: Endpoint, quorum: Quorum, replica: int, rank: int):
+        self.qid, self.index, self.size = quorum.qid, quorum.index(replica), len(quorum.members)
+        self.ring = Ring(endpoint, quorum.qid, quorum.members, self.index, rank)
 
-    def connect(self, host: str, store_port: int, local_rank: int, timeout: float = 60.0) -> ReplicaGroup:
-        """Meet the other members (rank ``local_rank`` of each) on the coordinator's store; a :meth:`cut` meanwhile
-        ends the wait (:class:`StepAborted`)."""
+    def connect(self, timeout: float = 60.0) -> ReplicaGroup:
+        """Meet the other members (rank ``rank`` of each); a :meth:`cut` meanwhile ends the wait (:class:`StepAborted`)."""
         try:
-            self._store = dist.TCPStore(host, store_port, is_master=False, timeout=timedelta(seconds=timeout))
-            self.pg = dist.ProcessGroupGloo(dist.PrefixStore(f"q{self.qid}/k{local_rank}", self._store), self.index,
-                                            self.size, timedelta(seconds=timeout))
-            if self.size > 1:  # gloo connects its full mesh lazily on some paths: one barrier, then every socket is there
-                self.pg.barrier().wait()
-        except RuntimeError as e:
+            self.ring.connect(timeout)
+        except RingBroken as e:
             self.cut()
-            raise StepAborted(f"quorum {self.qid}: the members could not meet ({str(e).splitlines()[0][:160]})") from None
-        with self._lock:
-            self._fds = socket_fds() - self._before
-            if self._cut:  # cut while connecting: the sockets it made since are of no use either
-                shutdown_connected(self._fds)
-                raise StepAborted(f"quorum {self.qid} aborted")
+            raise StepAborted(f"quorum {self.qid}: the members could not meet ({e})") from None
         return self
 
     def cut(self) -> None:
-        """From any thread: end every collective of this group now (it is of no use any more)."""
-        with self._lock:
-            if not self._cut:
-                self._cut = True
-                shutdown_connected(self._fds if self._fds is not None else socket_fds() - self._before)
+        """From any thread: end every transfer of this group now (it is of no use any more)."""
+        self.ring.cut()
+
+    def close(self) -> None:
+        self.ring.close()
 
     def all_reduce(self, tensor: torch.Tensor, aborted: Callable[[], bool], patience: float,
                    on_stuck: Callable[[], None]) -> None:
-        """Sum ``tensor`` over the members, in place; :class:`StepAborted` if the quorum is aborted meanwhile."""
+        """Sum ``tensor`` (contiguous, in host memory) over the members, in place; :class:`StepAborted` if the quorum
+        is aborted meanwhile or a member's connection closes."""
         if self.size == 1:
             return
-        work = self.pg.allreduce([tensor])
         t0, told = time.monotonic(), False
 
-        def settled() -> bool:
+        def tick() -> None:  # between transfers, and every few milliseconds while nothing moves
             nonlocal told
-            if work.is_completed() or aborted() or self._cut:
-                return True
+            if aborted():
+                raise RingBroken("aborted by the coordinator")
             if not told and time.monotonic() - t0 > patience:
                 told = True
                 on_stuck()
-            return False
 
-        wait_for(settled, float("inf"), f"the reduction of quorum {self.qid}", interval=0.0005)
-        if aborted() or self._cut:
-            self.cut()
-            raise StepAborted(f"quorum {self.qid} aborted")
         try:
-            work.wait()
-        except RuntimeError as e:  # a member died: its socket closed under us
+            self.ring.all_reduce(tensor, tick)
+        except RingBroken as e:
             self.cut()
-            raise StepAborted(f"quorum {self.qid}: {str(e).splitlines()[0][:160]}") from None
-
-    def send(self, tensor: torch.Tensor, to: int):
-        return self.pg.send([tensor], to, 0)
-
-    def recv(self, tensor: torch.Tensor, src: int):
-        return self.pg.recv([tensor], src, 0)
+            raise StepAborted(f"quorum {self.qid}: {e}") from None

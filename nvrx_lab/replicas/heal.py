@@ -2,9 +2,9 @@
 
 The state is the trainer's live state dict (:meth:`~nvrx_lab.train.state.TrainState.local_state_dict`: this
 rank's FSDP shards of the parameters, the optimizer's state, the step): the same world inside a replica group,
-the same sharding, so it is copied as it is, without a checkpoint format. Three messages over the quorum's
-cross-replica group: the layout's length, the layout (JSON: where each tensor goes, its dtype and shape, and the
-plain values), then every tensor's bytes in one buffer. The joiner fills its own tensors in place. The donor
+the same sharding, so it is copied as it is, without a checkpoint format. One connection from the donor to the
+joiner (:meth:`.ring.Ring.send_to`): the lengths, the layout (JSON: where each tensor goes, its dtype and shape,
+and the plain values), then every tensor's bytes in one buffer. The joiner fills its own tensors in place. The donor
 sends from its live tensors, which nothing changes before the step's update (that waits for every member,
 the joiner included), so the others do not pause for it beyond the joiner's own step.
 """
@@ -12,11 +12,15 @@ the joiner included), so the others do not pause for it beyond the joiner's own 
 from __future__ import annotations
 
 import json
+import struct
 
 import torch
 from torch.distributed.tensor import DTensor
 
 from .group import ReplicaGroup
+from .ring import recv_exact
+
+_HEAD = struct.Struct("!qq")  # the layout's length, the tensors' bytes
 
 
 def _flatten(obj, tensors: list[torch.Tensor]):
@@ -48,33 +52,29 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 def send_state(group: ReplicaGroup, to: list[int], state_dict: dict) -> int:
-    """Send this rank's ``state_dict`` to group ranks ``to``; returns the bytes sent to each."""
+    """Send this rank's ``state_dict`` to group members ``to``; returns the bytes sent to each."""
     tensors: list[torch.Tensor] = []
     layout = _flatten(state_dict, tensors)
     meta = json.dumps({"layout": layout, "tensors": [[str(t.dtype), list(t.shape)] for t in tensors]}).encode()
-    head = torch.tensor([len(meta)], dtype=torch.int64)
-    blob = torch.cat([_bytes(t) for t in tensors]) if tensors else torch.empty(0, dtype=torch.uint8)
+    blob = torch.cat([_bytes(t).cpu() for t in tensors]) if tensors else torch.empty(0, dtype=torch.uint8)
     for index in to:
-        for part in (head, torch.frombuffer(bytearray(meta), dtype=torch.uint8), blob):
-            group.send(part, index).wait()
+        group.ring.send_to(index, [_HEAD.pack(len(meta), blob.numel()), meta, memoryview(blob.numpy())])
     return len(meta) + blob.numel()
 
 
 def recv_state(group: ReplicaGroup, src: int, state_dict: dict) -> dict:
     """Receive a donor's state into ``state_dict``'s tensors (in place) and return the whole of it (plain values too)."""
-    head = torch.zeros(1, dtype=torch.int64)
-    group.recv(head, src).wait()
-    meta = torch.empty(int(head.item()), dtype=torch.uint8)
-    group.recv(meta, src).wait()
-    info = json.loads(bytes(meta.numpy()))
+    conn = group.ring.recv_from(src)
+    meta_len, blob_len = _HEAD.unpack(recv_exact(conn, bytearray(_HEAD.size)))
+    info = json.loads(bytes(recv_exact(conn, bytearray(meta_len))))
     mine: list[torch.Tensor] = []
     _flatten(state_dict, mine)
     shapes = [(str(t.dtype), list(t.shape)) for t in mine]
     if shapes != [tuple(x) for x in info["tensors"]]:
         raise ValueError(f"the donor's state has another layout ({len(info['tensors'])} tensors) than this rank's "
                          f"({len(mine)}): not the same model, world or sharding")
-    blob = torch.empty(sum(t.numel() * t.element_size() for t in mine), dtype=torch.uint8)
-    group.recv(blob, src).wait()
+    blob = torch.empty(blob_len, dtype=torch.uint8)
+    recv_exact(conn, memoryview(blob.numpy()))
     offset = 0
     with torch.no_grad():
         for t in mine:

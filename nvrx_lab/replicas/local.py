@@ -30,6 +30,10 @@ from nvrx_lab.runner import LOOPBACK, Torchrun, trainer
 from . import ledger
 from .coordinator import Coordinator, serve
 
+GROUP_ENV = {"OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+"""A group's torchrun: one torch thread a worker; a store of its own for each restart round (torchrun's shared one
+keeps the last round's gloo addresses under the same keys, and a restarted worker dialled a dead peer's)."""
+
 
 def group_argv(replica: int, replicas: int, nproc: int, coordinator: str, out: Path, train_args: list[str],
                max_restarts: int) -> list[str]:
@@ -55,7 +59,7 @@ def run_local(replicas: int, nproc: int, out: Path, train_args: list[str], max_r
             log = open(out / f"replica{r}.log", "w")
             argv = group_argv(r, replicas, nproc, f"{LOOPBACK}:{port}", out, train_args, max_restarts)
             procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                          env=child_env({"OMP_NUM_THREADS": "1"})))
+                                          env=child_env(GROUP_ENV)))
             log.close()
         wait_for(lambda: all(p.poll() is not None for p in procs), timeout, f"{replicas} replica groups to finish",
                  interval=0.1)

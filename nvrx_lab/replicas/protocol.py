@@ -8,6 +8,8 @@ One JSON object a line over one TCP connection a rank (:mod:`.client`, :mod:`.co
   ``s``, and finished the cross-replica reduction of step ``d`` (``None``: it did not, or has no step before);
 * ``stuck`` — ``{"op": "stuck", "step": s, "qid": q}``: its reduction of step ``s`` has waited longer than the
   coordinator's patience (the coordinator then looks for who is missing);
+* ``fail`` — ``{"op": "fail", "why": ...}``: an error is about to end this rank (its replica is dropped now, not
+  once its process has exited, which a large process takes tens of milliseconds to do);
 * ``beat`` — a heartbeat, so a silent node (no TCP reset) is noticed too.
 
 The coordinator answers a ``join`` with a :class:`Quorum` (``{"op": "quorum", ...}``) once every live member is

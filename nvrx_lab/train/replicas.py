@@ -5,7 +5,8 @@ rank ``k`` of the others over the quorum's cross-replica group (:mod:`nvrx_lab.r
 
     quorum  = the coordinator's answer to "ready for step s" (group rank 0 asks; every rank hears)
     commit  the previous step's update if every member finished it (quorum.committed)
-    heal    a replacement gets a live member's state (rank k from rank k) before it trains
+    heal    a replacement gets a live member's state (rank k from rank k) before it trains (it made its optimizer's
+            state and ran one forward and backward before it joined: the others do not wait for its first-call costs)
     compute this rank's rows of step s's global batch: its replica's share, split among the group's ranks
     reduce  the gradients' sum over the members (cut, and StepAborted, if a member fails meanwhile)
 
@@ -31,6 +32,7 @@ from nvrx_lab.replicas.client import JobFinished, ReplicaClient, StateLost
 from nvrx_lab.replicas.group import ReplicaGroup, StepAborted
 from nvrx_lab.replicas.heal import recv_state, send_state
 from nvrx_lab.replicas.protocol import Quorum, StepShares, rank_part
+from nvrx_lab.replicas.ring import Endpoint, open_store
 from nvrx_lab.train import runs
 from nvrx_lab.train.config import TrainConfig
 from nvrx_lab.train.data import SyntheticTokens
@@ -50,8 +52,8 @@ class ReplicaStep:
         self.shares = StepShares(cfg.global_batch, quorum)
         self.params = [p for p in state.model.parameters() if p.requires_grad]
         self.rows: list[range] = []
-        self.loss_sum = 0.0
-        self.reduced: torch.Tensor | None = None
+        self.loss_sum = 0.0  # float64 from the rows on: sums over other partitions of the batch agree within 1e-12
+        self.reduced: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def compute(self, rows: list[range]) -> None:
         """One forward and backward over ``rows`` of the step's global batch (gradients add up in ``.grad``). Always
@@ -63,20 +65,20 @@ class ReplicaStep:
         per_row = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), toks[:, 1:].flatten(),
                                                     reduction="none").view(len(index), -1).mean(1)
         per_row.sum().backward()
-        self.loss_sum += float(per_row.detach().sum())
+        self.loss_sum += float(per_row.detach().double().sum())
         self.rows += rows
 
     def flat(self) -> torch.Tensor:
-        """This rank's gradient shards and loss sum, in one buffer (a fresh one: an aborted reduction keeps its own)."""
+        """This rank's gradient shards in one host buffer (a fresh one: an aborted reduction keeps its own)."""
         grads = [_local(p.grad) if p.grad is not None else torch.zeros_like(_local(p)) for p in self.params]
-        return torch.cat([*(g.reshape(-1).float() for g in grads), torch.tensor([self.loss_sum])])
+        return torch.cat([g.reshape(-1).float().cpu() for g in grads])
 
     def apply(self) -> float:
         """The committed update: gradients = the sum over every row of the batch / global batch (FSDP's reduction
         inside a group averaged over its ranks: times ranks); returns the step's loss (summed over the group's ranks,
         which each hold the loss of their own rows)."""
-        flat, offset, ranks = self.reduced, 0, self.attempt.world_size
-        loss = flat[-1:].clone()
+        (flat, loss), offset, ranks = self.reduced, 0, self.attempt.world_size
+        loss = loss.clone()
         if ranks > 1:
             dist.all_reduce(loss, group=self.attempt.cpu_group)
         with torch.no_grad():
@@ -110,10 +112,14 @@ def _train(cfg: TrainConfig, attempt: Attempt) -> dict:
     rc, events, rank, ranks = cfg.replicas, attempt.events, attempt.rank, attempt.world_size
     host, port = rc.address
     client = ReplicaClient(host, port, rc.replica_id, rank, ranks)
+    # this rank's end of the data plane, on the address it reaches the coordinator from (a pod's own IP)
+    endpoint = Endpoint(client.sock.getsockname()[0], open_store(host, client.store_port), rc.replica_id, rank)
     state = _state(cfg, attempt)
     faults = cfg.faults.faults
     injector = FaultInjector(faults, rc.replica_id * ranks + rank, state_file=runs.fault_state_file(cfg),
                              emit=events.emit) if faults else None
+    if client.healing:  # off the others' critical path: the first step's costs, before this replica joins
+        _warm_up(cfg, state, attempt)
     if rank == 0:
         client.join(step=0 if client.healing else 1, done=None)
     try:
@@ -121,46 +127,50 @@ def _train(cfg: TrainConfig, attempt: Attempt) -> dict:
     except JobFinished as e:
         print(f"[rank {attempt.rank}] replica {rc.replica_id}: {e}; exiting", flush=True)
         return {"steps": e.step or 0, "losses": [], "world_size": ranks}
-    losses, periods, last = [], [], time.monotonic()
-    while True:
-        if quorum.committed is not None and work is not None and work.step == quorum.committed:
-            losses.append(work.apply())
-            state.step, now = quorum.committed, time.monotonic()
-            periods.append(now - last)
-            last = now
+    try:
+        losses, periods, last = [], [], time.monotonic()
+        while True:
+            if quorum.committed is not None and work is not None and work.step == quorum.committed:
+                losses.append(work.apply())
+                state.step, now = quorum.committed, time.monotonic()
+                periods.append(now - last)
+                last = now
+                if rank == 0:
+                    events.emit("step", step=state.step, loss=losses[-1], step_time=periods[-1], replica=rc.replica_id,
+                                members=len(quorum.members))
+                work = None
+            if quorum.step > cfg.steps:
+                break
+            done = None
+            group, ready = _meet(client, endpoint, quorum, rank, group, state, events)
+            # every member computes, ready or not: the table of who holds which rows must be the same everywhere
+            work = _work(work, cfg, state, attempt, quorum, injector)
+            if ready:
+                try:
+                    done = _reduce(work, group, client, quorum, periods, rc.patience)
+                    events.emit("ledger", step=work.step, qid=quorum.qid, replica=rc.replica_id,
+                                rows=[[r.start, r.stop] for r in work.rows])
+                except (StepAborted, RuntimeError):  # RuntimeError: the heal's ring broke (a member failed meanwhile)
+                    done = None
+            done = _agree(done, attempt)
             if rank == 0:
-                events.emit("step", step=state.step, loss=losses[-1], step_time=periods[-1], replica=rc.replica_id,
-                            members=len(quorum.members))
-            work = None
-        if quorum.step > cfg.steps:
-            break
-        done = None
-        group, ready = _meet(client, host, quorum, rank, group, state, events)
-        # every member computes, ready or not: the table of who holds which rows must be the same everywhere
-        work = _work(work, cfg, state, attempt, quorum, injector)
-        if ready:
-            try:
-                done = _reduce(work, group, client, quorum, periods, rc.patience)
-                events.emit("ledger", step=work.step, qid=quorum.qid, replica=rc.replica_id,
-                            rows=[[r.start, r.stop] for r in work.rows])
-            except (StepAborted, RuntimeError):  # gloo's own error when a member's socket closed under it
-                done = None
-        done = _agree(done, attempt)
-        if rank == 0:
-            client.join(step=quorum.step + 1 if done is not None else quorum.step, done=done)
-        quorum = client.next_quorum()
+                client.join(step=quorum.step + 1 if done is not None else quorum.step, done=done)
+            quorum = client.next_quorum()
+    except Exception as e:  # this replica fails: the others hear it now, not when its process has exited
+        client.fail(f"{type(e).__name__}: {e}")
+        raise
     client.bye()
     return {"steps": state.step, "losses": losses, "world_size": ranks}
 
 
-def _meet(client: ReplicaClient, host: str, quorum: Quorum, rank: int, group: ReplicaGroup | None,
+def _meet(client: ReplicaClient, endpoint: Endpoint, quorum: Quorum, rank: int, group: ReplicaGroup | None,
           state: TrainState, events) -> tuple[ReplicaGroup | None, bool]:
     """This quorum's group (and its heal when this replica gives or takes state); ready is False when a member failed
     while the group met: the step is computed all the same and reduced at the next quorum."""
     replica = client.replica
     try:
         if group is None or group.qid != quorum.qid:
-            group = _group(client, host, quorum, replica, rank, group)
+            group = _group(client, endpoint, quorum, replica, rank, group)
         if replica == quorum.donor or replica in quorum.joiners:
             _heal(group, quorum, replica, state, events)
         return group, True
@@ -185,6 +195,17 @@ def _work(work: ReplicaStep | None, cfg: TrainConfig, state: TrainState, attempt
     return work
 
 
+def _warm_up(cfg: TrainConfig, state: TrainState, attempt: Attempt) -> None:
+    """A replacement pays its first step's one-off costs before it joins, not while the others wait for it: the
+    optimizer's state made (the heal copies into it in place) and one forward and backward over a row of its own
+    random weights (autograd's and FSDP's first-call setup), its gradients then zeroed."""
+    state.local_state_dict()
+    toks = state.data.global_batch_at(0)[:1].to(attempt.device)
+    logits = state.model(toks[:, :-1])
+    torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), toks[:, 1:].flatten()).backward()
+    state.optimizer.zero_grad(set_to_none=False)
+
+
 def _agree(done: int | None, attempt: Attempt) -> int | None:
     """The group finished the step only if every one of its ranks did."""
     if attempt.world_size == 1:
@@ -201,16 +222,16 @@ def _state(cfg: TrainConfig, attempt: Attempt) -> TrainState:
     return TrainState(model, optimizer, data)
 
 
-def _group(client: ReplicaClient, host: str, quorum: Quorum, replica: int, rank: int,
+def _group(client: ReplicaClient, endpoint: Endpoint, quorum: Quorum, replica: int, rank: int,
            old: ReplicaGroup | None) -> ReplicaGroup:
-    """The cross-replica group of this quorum (the last one's sockets shut); an abort meanwhile ends the meeting."""
+    """The cross-replica group of this quorum (the last one's sockets closed); an abort meanwhile ends the meeting."""
     if old is not None:
-        old.cut()
-    group = ReplicaGroup(quorum.qid, quorum.index(replica), len(quorum.members))
+        old.close()
+    group = ReplicaGroup(endpoint, quorum, replica, rank)
     client.on_abort = lambda qid: group.cut() if qid == group.qid else None
     if client.aborted(quorum.qid):
         group.cut()
-    return group.connect(host, client.store_port, rank)
+    return group.connect()
 
 
 def _heal(group: ReplicaGroup, quorum: Quorum, replica: int, state: TrainState, events) -> None:
@@ -231,6 +252,8 @@ def _reduce(work: ReplicaStep, group: ReplicaGroup, client: ReplicaClient, quoru
     wait = patience or (max(0.05, 2 * statistics.median(periods[-20:])) if periods else 5.0)
     if quorum.joiners or quorum.committed is None:  # a replacement's first step, or a redo on a group just re-formed,
         wait = max(wait, COLD_PATIENCE_S)          # runs cold: not a hang at twice a warm step
-    group.all_reduce(flat, lambda: client.aborted(quorum.qid), wait, lambda: client.stuck(quorum.step, quorum.qid))
-    work.reduced = flat
+    loss = torch.tensor([work.loss_sum], dtype=torch.float64)  # its own sum: float32 beside the gradients moved the
+    for t in (flat, loss):                                      # curve 1.3e-6 off a fault-free run's (1 run of 6)
+        group.all_reduce(t, lambda: client.aborted(quorum.qid), wait, lambda: client.stuck(quorum.step, quorum.qid))
+    work.reduced = flat, loss
     return quorum.step
