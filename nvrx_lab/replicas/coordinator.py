@@ -118,8 +118,7 @@ class Coordinator:
         """The replica trained its last step and leaves: no failure."""
         with self.lock:
             if (m := self.members.get(replica)) is not None:
-                m.alive = False
-                m.finished = True
+                m.alive, m.finished = False, True
             if self.members and all(m.finished or m.healing for m in self.members.values() if m.alive or m.finished):
                 self.over = True
                 for w in self.members.values():  # the job is over: replacements still waiting to join have nothing to do
@@ -167,16 +166,16 @@ class Coordinator:
             if len(founders) >= max(self.expected, self.min_replicas):
                 self._publish(founders, step=founders and alive[founders[0]].joined, committed=None)
             return
-        live = [r for r in q.members if r in alive]
+        live = [r for r in q.members if r in alive and not alive[r].healing]  # (not a replacement that said hello)
         if not live and not self.over and not any(m.alive and not m.healing for m in self.members.values()):
             self._lose_state(q)
             return
         if not live:
             return
         finished = all(alive[r].joined == q.step + 1 and alive[r].done == q.step for r in live)
-        if self.aborted and not finished:  # redo the same step without the lost: the survivors keep what they computed
-            if all(alive[r].joined in (q.step, q.step + 1) for r in live):
-                self._publish(live, step=q.step, committed=None)
+        if not finished:  # aborted, or a sum failed without a word: the step again on a fresh ring, without the lost
+            if all(alive[r].joined in (q.step, q.step + 1) for r in live):  # (the survivors keep what they computed)
+                self._publish(live, step=q.step, committed=None, fresh=True)
             return
         if finished:  # (a member lost after the reduction completed everywhere: its part is in the sum, commit)
             joiners = sorted(r for r, m in alive.items() if m.healing and m.joined is not None and r not in live)
@@ -197,9 +196,10 @@ class Coordinator:
                 for conn in m.conns.values():
                     self._send(conn, {"op": "state_lost", "why": self.state_lost})
 
-    def _publish(self, members: list[int], step: int, committed: int | None, joiners: list[int] = ()) -> None:
+    def _publish(self, members: list[int], step: int, committed: int | None, joiners: list[int] = (),
+                 fresh: bool = False) -> None:
         prev = self.quorum
-        self._qid += prev is None or tuple(members) != prev.members
+        self._qid += prev is None or fresh or tuple(members) != prev.members
         now = time.monotonic()
         epoch = {"formed_s": round(now - self._formed_at, 6), "lost": sorted(set(prev.members) - set(members)) if prev else []}
         donor = next((r for r in members if r not in joiners), None) if joiners else None

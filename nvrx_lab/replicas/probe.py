@@ -6,8 +6,8 @@ slow for a moment (a replacement starting on the same node took whole cores here
 dropped in 2 runs of 6 under load), so the coordinator asks each of the suspect's ranks, every ``PROBE_S``, how
 much CPU its training thread has used (its client's reader thread answers from ``pthread_getcpuclockid``):
 
-* none of its ranks' training threads ran in the last ``PROBE_S`` (blocked in a sleep, a ``recv``, a wait that
-  never returns), or no rank answered within ``REPLY_S``: **hung**, dropped;
+* none of its ranks' training threads ran between two answers ``PROBE_S`` apart (blocked in a sleep, a ``recv``, a
+  wait that never returns), or one of its ranks did not answer within ``REPLY_S``: **hung**, dropped;
 * one did: **slow**, said once on the console, and looked at again every ``PROBE_S`` until the step is done or the
   member has been waited for ``HARD_S`` (a hang that spins is dropped then).
 """
@@ -39,8 +39,9 @@ class Probes:
 
     def suspect(self, qid: int, members: list) -> None:
         for m in members:
-            if (qid, m.replica) not in self._cases:
-                self._cases[(qid, m.replica)] = {"since": time.monotonic(), "last": None, "said": False}
+            if (qid, m.replica) not in self._cases or not self._open((qid, m.replica)):  # new, or left from a step before
+                self._cases[(qid, m.replica)] = {"since": time.monotonic(), "last": None, "said": False,
+                                                 "step": self.coord.quorum.step}
                 self._ask(qid, m)
 
     def _ask(self, qid: int, m) -> None:
@@ -58,7 +59,7 @@ class Probes:
 
     def _busy(self, replica: int, rank: int, probe: int, cpu: float) -> None:
         key = next((k for k, c in self._cases.items() if k[1] == replica and c.get("id") == probe), None)
-        if key is None or not self._open(key[0]):
+        if key is None or not self._open(key):
             return
         case, m = self._cases[key], self.coord.members[replica]
         if not m.alive:
@@ -72,7 +73,7 @@ class Probes:
             ran = max(now[r] - last.get(r, now[r]) for r in now)
             waited = time.monotonic() - case["since"]
             if ran < MIN_CPU_S or waited > HARD_S:
-                why = (f"its training thread used no CPU for {PROBE_S * 1000:.0f} ms" if ran < MIN_CPU_S
+                why = (f"its training threads used no CPU in {PROBE_S * 1000:.0f} ms" if ran < MIN_CPU_S
                        else f"waited for {waited:.0f} s")
                 self.coord._fail(m, f"hang: every other member waited for it in the step's reduction, and {why}",
                                  evict=True)
@@ -87,22 +88,23 @@ class Probes:
 
     def _again(self, qid: int, m) -> None:
         with self.coord.lock:
-            if self._open(qid) and m.alive:
+            if self._open((qid, m.replica)) and m.alive:
                 self._ask(qid, m)
 
     def _late(self, qid: int, m, probe: int) -> None:
         with self.coord.lock:
             case = self._cases.get((qid, m.replica))
-            if case and case["id"] == probe and len(case["now"]) < len(m.conns) and self._open(qid) and m.alive:
+            if case and case["id"] == probe and len(case["now"]) < len(m.conns) and self._open((qid, m.replica)) and m.alive:
                 self.coord._fail(m, f"hang: every other member waited for it, and it did not answer in {REPLY_S} s",
                                  evict=True)
 
-    def _open(self, qid: int) -> bool:
-        """Is quorum ``qid``'s reduction still waiting (not aborted, nobody has finished it)? Else forget its cases."""
-        c = self.coord
-        waiting = (c.quorum is not None and c.quorum.qid == qid and not c.aborted
+    def _open(self, key: tuple[int, int]) -> bool:
+        """Is the case ``key`` (qid, replica) still about the reduction the others wait in: the same quorum and step,
+        not aborted, nobody through it? Else it is forgotten."""
+        c, case = self.coord, self._cases.get(key)
+        waiting = (case is not None and c.quorum is not None and (c.quorum.qid, c.quorum.step) == (key[0], case["step"])
+                   and not c.aborted
                    and not any(c.members[r].joined == c.quorum.step + 1 for r in c.quorum.members if r in c.members))
         if not waiting:
-            for key in [k for k in self._cases if k[0] == qid]:
-                del self._cases[key]
+            self._cases.pop(key, None)
         return waiting

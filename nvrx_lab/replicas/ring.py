@@ -18,13 +18,14 @@ import select
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from nvrx_lab.net import listen
+from nvrx_lab.net import listen, wait_for
 
 RING, HEAL = 0, 1
 CHUNK = 1 << 20  # bytes a send or receive moves at most, between looks at the other socket
@@ -83,18 +84,32 @@ class Endpoint:
         with self._cv:
             self._cv.notify_all()
 
-    def connect(self, replica: int, rank: int, qid: int, kind: int, me: int, timeout: float) -> socket.socket:
-        """A connection to rank ``rank`` of ``replica``, tagged (qid, kind, this rank's index ``me``)."""
-        address = self.store.get(f"ep/{replica}/{rank}").decode()  # blocks until that rank has listened
-        host, port = address.rsplit(":", 1)
+    def connect(self, replica: int, rank: int, qid: int, kind: int, me: int, timeout: float,
+                cancelled: Callable[[], bool] = lambda: False) -> socket.socket:
+        """A connection to rank ``rank`` of ``replica``, tagged (qid, kind, this rank's index ``me``). Tried in short
+        attempts, so ``cancelled()`` (a cut) ends it even when that rank's node is gone without a reset."""
+        key, deadline = f"ep/{replica}/{rank}", time.monotonic() + timeout
         try:
-            conn = socket.create_connection((host, int(port)), timeout=timeout)
-            conn.settimeout(None)
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn.sendall(_TAG.pack(qid, kind, me))
-        except OSError as e:
-            raise RingBroken(f"quorum {qid}: cannot reach replica {replica} rank {rank} at {address} ({e})") from None
-        return conn
+            wait_for(lambda: cancelled() or self.store.check([key]), timeout, f"replica {replica} rank {rank}'s address",
+                     interval=0.005)
+        except TimeoutError as e:
+            raise RingBroken(f"quorum {qid}: {e}") from None
+        address = self.store.get(key).decode() if not cancelled() else "?"
+        host, port = address.rsplit(":", 1) if ":" in address else ("", "0")
+        while not cancelled():
+            try:
+                conn = socket.create_connection((host, int(port)), timeout=min(1.0, max(0.01, deadline - time.monotonic())))
+                conn.settimeout(None)
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                conn.sendall(_TAG.pack(qid, kind, me))
+                return conn
+            except TimeoutError:
+                if time.monotonic() < deadline:
+                    continue
+                raise RingBroken(f"quorum {qid}: replica {replica} rank {rank} at {address} did not answer") from None
+            except OSError as e:
+                raise RingBroken(f"quorum {qid}: cannot reach replica {replica} rank {rank} at {address} ({e})") from None
+        raise RingBroken(f"quorum {qid} aborted")
 
 
 def open_store(host: str, port: int, timeout: float = 60.0) -> dist.TCPStore:
@@ -117,7 +132,8 @@ class Ring:
     def connect(self, timeout: float = 60.0) -> Ring:
         if self.size > 1:
             nxt = self.members[(self.index + 1) % self.size]
-            self.out = self._keep(self.endpoint.connect(nxt, self.rank, self.qid, RING, self.index, timeout))
+            self.out = self._keep(self.endpoint.connect(nxt, self.rank, self.qid, RING, self.index, timeout,
+                                                        lambda: self.cut_done))
             self.inn = self._keep(self.endpoint.take(self.qid, RING, (self.index - 1) % self.size,
                                                      lambda: self.cut_done, timeout))
             for conn in (self.out, self.inn):
@@ -181,7 +197,8 @@ class Ring:
                 if readable:
                     n = self.inn.recv_into(inn[got:], min(CHUNK, len(inn) - got))
                     if n == 0:
-                        raise RingBroken(f"quorum {self.qid}: the member before this one closed its connection (it failed)")
+                        raise RingBroken(f"quorum {self.qid} aborted" if self.cut_done else
+                                         f"quorum {self.qid}: the member before this one closed its connection (it failed)")
                     got += n
             except (BlockingIOError, InterruptedError):
                 continue
@@ -193,7 +210,8 @@ class Ring:
 
     def send_to(self, index: int, parts: list[bytes | memoryview], timeout: float = 60.0) -> None:
         """Point to point, for a heal: ``parts`` to member ``index`` over a connection of their own."""
-        conn = self._keep(self.endpoint.connect(self.members[index], self.rank, self.qid, HEAL, self.index, timeout))
+        conn = self._keep(self.endpoint.connect(self.members[index], self.rank, self.qid, HEAL, self.index, timeout,
+                                                lambda: self.cut_done))
         try:
             for part in parts:
                 conn.sendall(part)
