@@ -59,7 +59,7 @@ class Endpoint:
     def _file(self, conn: socket.socket) -> None:
         try:
             conn.settimeout(10)
-            tag = _TAG.unpack(_recv_exact(conn, bytearray(_TAG.size)))
+            tag = _TAG.unpack(recv_exact(conn, bytearray(_TAG.size)))
             conn.settimeout(None)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except (OSError, RingBroken, struct.error):
@@ -227,7 +227,7 @@ def _bytes(t: torch.Tensor) -> memoryview:
     return memoryview(t.numpy()).cast("B")
 
 
-def _recv_exact(conn: socket.socket, buf) -> bytes | bytearray | memoryview:
+def recv_exact(conn: socket.socket, buf) -> bytes | bytearray | memoryview:
     view, got = memoryview(buf).cast("B"), 0
     while got < len(view):
         try:
@@ -239,8 +239,6 @@ def _recv_exact(conn: socket.socket, buf) -> bytes | bytearray | memoryview:
         got += n
     return buf
 
-
-recv_exact = _recv_exact
 
 
 def _shut(conn: socket.socket) -> None:
