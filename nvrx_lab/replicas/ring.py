@@ -240,7 +240,6 @@ def recv_exact(conn: socket.socket, buf) -> bytes | bytearray | memoryview:
     return buf
 
 
-
 def _shut(conn: socket.socket) -> None:
     try:
         conn.shutdown(socket.SHUT_RDWR)
