@@ -4,7 +4,7 @@ gloo has no working abort for a collective in flight (``ProcessGroupGloo.abort()
 ``wait``: seen on torch 2.13); shutting its TCP sockets down does, at once, on every rank that cuts or is cut.
 The in-process restart layer (:mod:`nvrx_lab.inprocess.interrupt`) cuts this way: it remembers the sockets a group
 opened (:func:`socket_fds` before and after it connects) and :func:`shutdown_connected` them. (The replica groups'
-own ring, :mod:`nvrx_lab.replicas.ring`, holds its sockets itself and shuts them the same way.)
+data plane, :mod:`nvrx_lab.replicas.group`, never blocks in a collective: it watches each one and abandons it.)
 """
 
 from __future__ import annotations

@@ -264,3 +264,38 @@ def test_a_scale_row_that_times_out_is_an_error_and_the_bench_exits_1_cleanly(tm
     assert res.returncode == 1, res.stderr[-3000:]
     assert f"FAILED: 8 ranks, {protocol}: TimeoutError" in res.stderr and "terminate called" not in res.stderr
     assert '"error"' in out.read_text()
+
+
+SLOW_MODULE = """
+import signal, threading, time
+signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)  # the monitor's interrupt, mid-import
+time.sleep(0.05)
+DONE = True
+"""
+
+
+def test_an_interrupt_during_an_import_waits_for_the_import_and_says_so(tmp_path, monkeypatch, capfd):
+    """Raised inside an import, the interrupt left torch._dynamo half-initialised and every later attempt failed on it
+    (a loaded box took over the soft timeout to import it in the first step): it waits for the import, and the
+    re-sent one (the monitor re-sends every 0.2 s while armed) raises after it."""
+    import importlib
+    import signal
+    import sys
+    import threading
+
+    from nvrx_lab.inprocess.interrupt import RankShouldRestart
+
+    (tmp_path / "nvrx_slow_module.py").write_text(SLOW_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    interrupter = MainThreadInterrupter()
+    interrupter.armed = True
+    try:
+        module = importlib.import_module("nvrx_slow_module")
+        assert module.DONE and sys.modules["nvrx_slow_module"] is module, "the import finished whole"
+        with pytest.raises(RankShouldRestart):
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
+            time.sleep(1)
+    finally:
+        interrupter.restore()
+        sys.modules.pop("nvrx_slow_module", None)
+    assert "interrupt deferred until the main thread has imported nvrx_slow_module" in capfd.readouterr().err

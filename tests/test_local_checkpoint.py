@@ -174,13 +174,18 @@ def test_the_step_bench_times_whole_steps_with_their_snapshot():
 
 
 def test_agreed_step_is_the_newest_every_rank_can_restore():
-    replica_of = lambda rank, step: {"rank": rank, "step": step}  # noqa: E731
+    replica_of = lambda rank, *steps: [{"rank": rank, "step": s} for s in steps]  # noqa: E731
     # two nodes of one rank: rank 1's node was replaced (no own copy), rank 0 holds its replica of step 7
     assert agreed_step([([7, 8], replica_of(1, 7), 8), ([], replica_of(0, 7), 0)], local_world=1) == 7
     # the replica is older than any copy rank 0 has: nothing in common
-    assert agreed_step([([7, 8], replica_of(1, 6), 8), ([], None, 0)], local_world=1) is None
+    assert agreed_step([([7, 8], replica_of(1, 6), 8), ([], [], 0)], local_world=1) is None
     # one node: no replica counts, each rank's own copies
-    assert agreed_step([([4, 5], None, 5), ([5, 6], None, 6)], local_world=2) == 5
+    assert agreed_step([([4, 5], [], 5), ([5, 6], [], 6)], local_world=2) == 5
+    # two nodes of two ranks, node 1 replaced: rank 0 holds rank 2's replicas of steps 7 and 8, rank 1 only rank 3's
+    # step 7 in its newer slot and step 6 in its older one (its step 8 round had not finished): they agree on 7, which
+    # is in rank 0's older slot (a table of the newest replica only agreed on nothing, and the run began again)
+    table = [([7, 8], replica_of(2, 7, 8), 8), ([6, 7], replica_of(3, 6, 7), 8), ([], [], 0), ([], [], 0)]
+    assert agreed_step(table, local_world=2) == 7
 
 
 def holder(folder: Path) -> subprocess.Popen:

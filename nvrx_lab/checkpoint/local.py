@@ -146,16 +146,18 @@ class LocalCheckpointer:
         local copy, unless ``storage_step`` is newer (then None: load storage). Bad copies are skipped, logged."""
         self.wait()
         own = [c for c in (self._candidate(slot) for slot in (0, 1)) if c is not None]
-        replica = max((c for c in (self._candidate(None, i) for i in (0, 1)) if c is not None),
-                      key=lambda c: c["step"], default=None)  # the newest of the two replica slots
-        plain = replica and {k: v for k, v in replica.items() if k not in ("region", "slot")}
-        known = max([self.reached, *(c["step"] for c in own), *([replica["step"]] if replica else [])])
+        # both replica slots: the ranks' newest copies may differ by a step (a node killed while one round of
+        # replication had finished and the next had not), and the step they agree on may be in the older slot
+        replicas = [c for c in (self._candidate(None, i) for i in (0, 1)) if c is not None]
+        plain = [{k: v for k, v in c.items() if k not in ("region", "slot")} for c in replicas]
+        known = max([self.reached, *(c["step"] for c in own + replicas)])
         table = all_gather(([c["step"] for c in own], plain, known), self.group, self.world)
         step = agreed_step(table, self.local_world)
         reached = max(row[2] for row in table)
         self.reached = reached
         if step is None or (storage_step is not None and step < storage_step):
             return None
+        replica = next((c for c in replicas if c["step"] == step), None)
         source, region, manifest = self._gather_copy(table, step, own, replica)
         live = isinstance(state, LiveStateful)  # the snapshot was taken from its live tensors (see ``save``)
         state_dict = state.local_state_dict() if live else state.state_dict()
@@ -199,7 +201,7 @@ class LocalCheckpointer:
             data = torch.frombuffer(replica["region"], dtype=torch.uint8, count=replica["length"])
             works.append(dist.isend(data, group=self.group, group_dst=self.source, tag=FETCH))  # its owner
         if self.rank in needs:
-            manifest = table[self.peer][1]
+            manifest = next(m for m in table[self.peer][1] if m["step"] == step and m["rank"] == self.rank)
             slot = self._newest ^ 1
             self._committed.pop(slot, None)
             self._slots[slot].ensure(manifest["length"])
@@ -268,10 +270,11 @@ def commit(region, manifest: dict, path: Path) -> dict:
 
 
 def agreed_step(table: list, local_world: int) -> int | None:
-    """The newest step every rank can restore: one of its own copies, or the replica its peer holds of it."""
+    """The newest step every rank can restore: one of its own copies, or a replica its peer holds of it (a row is
+    ``(own steps, the replicas this rank holds, step reached)``)."""
     world, common = len(table), None
     for r, (own, _, _) in enumerate(table):
-        replica = table[(r + local_world) % world][1] if world > local_world else None
-        steps = set(own) | ({replica["step"]} if replica and replica["rank"] == r else set())
+        held = table[(r + local_world) % world][1] if world > local_world else []
+        steps = set(own) | {m["step"] for m in held if m["rank"] == r}
         common = steps if common is None else common & steps
     return max(common) if common else None

@@ -9,7 +9,7 @@ workers all read it here), or drawn from a seed by :func:`make_schedule`:
   once, and is remembered across restarts (in a state file beside the checkpoints when there is one);
 * ``STEP``     — the step it fires at;
 * ``KIND``     — what happens, one of :data:`KINDS`;
-* ``ARG``      — a ``PHASE`` (where in that step, below) for most kinds; a number for ``slow`` (FACTOR > 1),
+* ``ARG``      — a ``PHASE`` (where in that step, below) for most kinds; a number for ``slow`` and ``slow_sleep`` (FACTOR > 1),
   ``pause`` (SECONDS) and ``exit`` (CODE).
 
 Kinds (:data:`KINDS`; :func:`inject` does them):
@@ -18,12 +18,15 @@ Kinds (:data:`KINDS`; :func:`inject` does them):
 * ``hang``        — sleep far past any timeout (a rank stuck in Python-level blocking code; a signal reaches it);
 * ``hang_socket`` — a blocked ``recv`` (a rank stuck in a C call);
 * ``hang_native`` — a hang no signal can reach (every catchable signal blocked): only a kill ends it;
+* ``hang_spin``   — a hang that keeps a core busy (a thread spinning in a synchronize on a hung GPU);
 * ``sigkill``     — ``SIGKILL`` to the own process (a crash that takes the interpreter);
 * ``sigkill_all`` — ``SIGKILL`` to the own children first (a monitor process), then itself: a lost node;
 * ``exit``        — ``sys.exit(CODE)`` (2 reads as a usage error: no launcher retries it);
 * ``oom``         — allocate, then raise ``MemoryError`` (a stand-in for an out-of-memory error);
 * ``slow``        — the rank computes ``FACTOR``× slower from that step on (:mod:`.slowdown`): a straggler,
   alive and slow, which only :mod:`nvrx_lab.straggler` notices (no failure: it fires before its step);
+* ``slow_sleep``  — as ``slow``, but the rank's thread sleeps through the extra time (the host waiting on a GPU that
+  computes slowly, or on autograd's device threads): slow, and idle on the CPU;
 * ``pause``       — a legitimate long phase of ``SECONDS`` (a checkpoint, an evaluation), no fault: what must
   *not* be taken for a hang (``*:0:3:pause:5`` pauses every rank).
 

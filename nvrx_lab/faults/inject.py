@@ -69,10 +69,14 @@ def inject(fault: Fault, rank: int, hang_s: float = 3600.0, oom_bytes: int = 64 
         hog = bytearray(oom_bytes)  # touch real memory before failing, as an allocator would
         del hog
         raise MemoryError(f"injected memory exhaustion on rank {rank} at step {fault.step}")
-    elif fault.kind == "slow":
+    elif fault.kind == "hang_spin":
+        from .slowdown import spin
+
+        spin(hang_s)  # a hang that keeps a core busy, as a synchronize on a hung GPU does
+    elif fault.kind in ("slow", "slow_sleep"):
         from .slowdown import slow_down
 
-        slow_down(fault.value)
+        slow_down(fault.value, sleep=fault.kind == "slow_sleep")
     elif fault.kind == "pause":
         time.sleep(fault.value)
     else:
@@ -137,7 +141,7 @@ class FaultInjector:
         t = self._record(fault)
         if self.emit:
             self.emit("fault", t=t, step=step, fault=fault.kind, target=self.rank, phase=phase, attempt=self.attempt,
-                      **({"factor": fault.value} if fault.kind == "slow" else {}))
+                      **({"factor": fault.value} if fault.factor else {}))
         where = f"step {step}" if phase == "step" else f"the {phase} of step {step}"
         print(f"[rank {self.rank}] FAULT injected: {fault.kind} in {where} ({fault.id})", file=sys.stderr, flush=True)
         action = self.actions.get(fault.kind)

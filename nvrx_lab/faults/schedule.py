@@ -12,9 +12,11 @@ from pathlib import Path
 
 from nvrx_lab.cli import Settings
 
-KINDS = ("exception", "hang", "sigkill", "oom", "slow", "hang_socket", "hang_native", "sigkill_all", "exit", "pause")
+KINDS = ("exception", "hang", "sigkill", "oom", "slow", "hang_socket", "hang_native", "sigkill_all", "exit", "pause",
+         "hang_spin", "slow_sleep")
 """The one vocabulary of faults (see the module docs)."""
-NUMBER_ARG = {"slow": ("FACTOR", "a number > 1", "1.5"), "pause": ("SECONDS", "a number > 0", "5"),
+NUMBER_ARG = {"slow": ("FACTOR", "a number > 1", "1.5"), "slow_sleep": ("FACTOR", "a number > 1", "1.5"),
+              "pause": ("SECONDS", "a number > 0", "5"),
               "exit": ("CODE", "an integer 0..255", "3")}
 """Kinds whose last field is a number, not a phase."""
 PHASES = ("step", "save", "load")
@@ -51,7 +53,7 @@ class Fault:
 
     @property
     def factor(self) -> float:
-        return self.value if self.kind == "slow" else 0.0
+        return self.value if self.kind in ("slow", "slow_sleep") else 0.0
 
     @property
     def id(self) -> str:
@@ -89,7 +91,8 @@ def _value(kind: str, text: str | None, entry: str) -> float:
         value = float(text) if text is not None else float("nan")
     except ValueError:
         value = float("nan")
-    ok = {"slow": lambda v: 1.0 < v < float("inf"), "pause": lambda v: 0.0 < v < float("inf"),
+    slow = lambda v: 1.0 < v < float("inf")  # noqa: E731
+    ok = {"slow": slow, "slow_sleep": slow, "pause": lambda v: 0.0 < v < float("inf"),
           "exit": lambda v: v == int(v) and 0 <= v <= 255}[kind]
     if not ok(value):
         name, what, example = NUMBER_ARG[kind]

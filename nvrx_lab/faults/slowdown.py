@@ -8,7 +8,8 @@ time, and before the backward of a leaf's output twice that (backward costs abou
 A busy wait on this thread's CPU time, not a sleep: it occupies the core as slower compute would,
 microsecond-accurate, and measured in the same CPU time as the compute (with one intra-op thread;
 with more, the other threads' share is not stretched). On GPUs the wait delays the kernel launches
-(the host side), not the kernels.
+(the host side), not the kernels. With ``sleep=True`` (the ``slow_sleep`` fault) the rank sleeps the
+same time instead: slow, with its thread idle, as a host thread waiting on a slow GPU is.
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ def spin(seconds: float) -> None:
 class Slowdown:
     """Process-wide hooks that stretch every leaf forward, its backward and every optimizer step."""
 
-    def __init__(self, factor: float):
+    def __init__(self, factor: float, sleep: bool = False):
         if factor <= 1.0:
             raise ValueError(f"slowdown factor must be > 1, got {factor}")
         self.extra = factor - 1.0
+        self.wait = time.sleep if sleep else spin
         self.last: dict[int, float] = {}
         self.started: dict[int, float] = {}
         self.handles = [nn_module.register_module_forward_pre_hook(self._pre),
@@ -45,7 +47,7 @@ class Slowdown:
     def _pre(self, owner, args) -> None:
         if isinstance(owner, torch.nn.Module) and owner._modules:
             return
-        spin(self.extra * self.last.get(id(owner), 0.0))
+        self.wait(self.extra * self.last.get(id(owner), 0.0))
         self.started[id(owner)] = time.thread_time()
 
     def _post(self, owner, args, output) -> None:
@@ -55,7 +57,7 @@ class Slowdown:
         took = self.last[id(owner)] = time.thread_time() - t0
         if isinstance(output, torch.Tensor) and output.requires_grad and torch.is_grad_enabled():
             wait = 2.0 * self.extra * took
-            output.register_hook(lambda grad: spin(wait))
+            output.register_hook(lambda grad: self.wait(wait))
 
     def remove(self) -> None:
         for handle in self.handles:
@@ -66,10 +68,10 @@ class Slowdown:
 _active: list[Slowdown] = []
 
 
-def slow_down(factor: float) -> Slowdown:
-    """Make this process ``factor``× slower from now on (a second call replaces the first)."""
+def slow_down(factor: float, sleep: bool = False) -> Slowdown:
+    """Make this process ``factor``× slower from now on (a second call replaces the first); ``sleep``: idle, not busy."""
     restore()
-    _active.append(Slowdown(factor))
+    _active.append(Slowdown(factor, sleep))
     return _active[-1]
 
 

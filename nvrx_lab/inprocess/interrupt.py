@@ -29,11 +29,17 @@ thread can sit, and what gets it out (measured on torch 2.13, CPU/gloo; see
 
 What none of these reach (a native loop that blocks signals, a hung CUDA kernel) is left to the
 hard timeout of :mod:`.monitor_process`.
+
+An interrupt that arrives while the main thread is importing a module waits for the import to end (the
+monitor re-sends it): raised inside the import, it would leave that module half-initialised in
+``sys.modules``, and every later attempt would fail on it (``partially initialized module 'torch._dynamo'``,
+seen when a loaded box took over the soft timeout to import it in the first step).
 """
 
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 
 from nvrx_lab.net import wait_for
@@ -60,11 +66,20 @@ class MainThreadInterrupter:
         self.sig = sig
         self.armed = False
         self.reason = ""
+        self._deferred: str | None = None  # the module whose import an interrupt waits for (said once)
         self._previous = signal.signal(sig, self._handler)
 
     def _handler(self, signum, frame) -> None:
-        if self.armed:  # the monitor re-sends while armed, in case user code swallows one
-            raise RankShouldRestart(self.reason or "interrupted by the in-process monitor")
+        if not self.armed:
+            return
+        if (module := importing(frame)) is not None:  # the monitor re-sends while armed: raised after the import
+            if module != self._deferred:
+                self._deferred = module
+                print(f"[nvrx_lab.inprocess] interrupt deferred until the main thread has imported {module} "
+                      "(raised inside an import, it would leave the module half-initialised)", file=sys.stderr, flush=True)
+            return
+        self._deferred = None
+        raise RankShouldRestart(self.reason or "interrupted by the in-process monitor")
 
     def interrupt(self, reason: str) -> None:
         """From any thread: make the main thread raise (if armed)."""
@@ -74,6 +89,18 @@ class MainThreadInterrupter:
     def restore(self) -> None:
         self.armed = False
         signal.signal(self.sig, self._previous)
+
+
+def importing(frame) -> str | None:
+    """The module being imported where ``frame`` runs (its innermost), or None outside any import."""
+    module = None
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib._bootstrap"):
+            spec = frame.f_locals.get("spec") or frame.f_locals.get("module")
+            return module or getattr(spec, "name", None) or getattr(spec, "__name__", None) or "a module"
+        module = module or (frame.f_globals.get("__name__") if frame.f_code.co_name == "<module>" else None)
+        frame = frame.f_back
+    return None
 
 
 class SocketTracker:

@@ -1,9 +1,10 @@
 """Replica-level fault tolerance: the survivors never stop.
 
 The job is R replica groups, each a whole copy of the model (FSDP inside a group). Each step the groups' gradients
-are summed across groups over a ring of plain TCP connections a failure cannot wedge (:mod:`.ring`: a new quorum
-costs a rank one connect; its sockets are shut on an abort), and a coordinator forms a quorum per step
-(:mod:`.coordinator`, :mod:`.protocol`):
+are summed across groups over torch's own process groups (:mod:`.group`: gloo here, NCCL on a GPU; made when the
+members change, watched so that no failure wedges a rank), and a coordinator forms a quorum per step
+(:mod:`.coordinator`, :mod:`.protocol`); a member the others wait for is judged by the work its device completes
+(:mod:`.progress`, :mod:`.probe`): hung, dropped; slow, waited for:
 
 * a step commits only when every member of its quorum finished it, so no update is applied half-way;
 * a failed group (an exception, a SIGKILL, a hang the others wait for) is dropped; the survivors redo that one step

@@ -21,12 +21,12 @@ import queue
 import socket
 import sys
 import threading
-import time
 from collections.abc import Callable
 
 from nvrx_lab import liveness
 from nvrx_lab.net import wait_for
 
+from .progress import Progress
 from .protocol import Quorum, encode
 
 EVICTED_EXIT = 3
@@ -60,7 +60,8 @@ class ReplicaClient:
         self.on_abort: Callable[[int], None] | None = None
         """Called from the reader thread when a quorum is aborted (its qid): cut the reduction's sockets."""
         self.closed = False
-        self._training = time.pthread_getcpuclockid(threading.get_ident())  # this thread's CPU clock: the coordinator's probe
+        self.progress: Progress | None = None
+        """This rank's unit counter (:mod:`.progress`), which answers the coordinator's probe; set it before training."""
         self._send({"op": "hello", "replica": replica, "rank": rank, "ranks": ranks})
         threading.Thread(target=self._read, daemon=True, name="nvrx-replica-reader").start()
         wait_for(self._welcome.is_set, connect_timeout, "the coordinator's welcome", interval=0.01, on_poll=liveness.beat)
@@ -92,8 +93,9 @@ class ReplicaClient:
                   file=sys.stderr, flush=True)
             if self.on_abort is not None:
                 self.on_abort(msg["qid"])
-        elif op == "probe":  # hung or only slow? how much CPU the training thread has used (.probe)
-            self._send({"op": "busy", "id": msg["id"], "rank": self.rank, "cpu": time.clock_gettime(self._training)})
+        elif op == "probe":  # hung or only slow? the units of work the device completed (.probe)
+            report = self.progress.report() if self.progress is not None else {"working": False}
+            self._send({"op": "progress", "id": msg["id"], "rank": self.rank, **report})
         elif op == "state_lost":
             self.closed = True
             self._quorums.put(StateLost(msg["why"]))

@@ -20,12 +20,22 @@ class ReplicaConfig(Settings):
     patience: float = field(default=0.0, metadata={"flag": "replica-patience"})
     """Seconds a step's cross-replica reduction may wait before the coordinator hears of it (it then drops the
     member everybody waits for: a hang); 0: twice the median step time so far, at least 50 ms."""
+    timeout: float = field(default=300.0, metadata={"flag": "replica-timeout"})
+    """Seconds any one operation of the cross-replica data plane (a group's setup, a sum, a heal's chunk) may take
+    before it is given up (the coordinator's abort ends it sooner when a member is lost)."""
+    hang_timeout: float = field(default=0.0, metadata={"flag": "replica-hang-timeout"})
+    """Seconds a rank the others wait for may compute without completing a unit of work (a module's forward or
+    backward, an optimizer step, as the device vouches) before its group is dropped as hung; 0: ten times the longest
+    such gap in a finished step, at least 3 s (nvrx_lab.replicas.progress)."""
 
     def __post_init__(self):
         if self.replicas < 1 or not 0 <= self.replica_id < self.replicas:
             raise ValueError(f"--replica-id {self.replica_id} must be in 0..--replicas - 1 (--replicas {self.replicas})")
-        if self.patience < 0:
-            raise ValueError(f"--replica-patience must be >= 0 seconds, got {self.patience}")
+        for flag, value in (("--replica-patience", self.patience), ("--replica-hang-timeout", self.hang_timeout)):
+            if not 0 <= value < float("inf"):
+                raise ValueError(f"{flag} must be >= 0 seconds (0: derived), got {value}")
+        if not 0 < self.timeout < float("inf"):
+            raise ValueError(f"--replica-timeout must be > 0 seconds, got {self.timeout}")
         if self.coordinator and (":" not in self.coordinator or not self.coordinator.rsplit(":", 1)[1].isdigit()):
             raise ValueError(f"--coordinator {self.coordinator!r} must be HOST:PORT")
 

@@ -8,11 +8,11 @@ step and replica: one request and one answer (O(1)); per fault: one notice to ev
   step before, it is committed (every member applies its update: no update is ever applied half-way); replacements
   that said hello meanwhile join a fresh step, with a donor that sends them its state;
 * **a member failed** when one of its ranks' connections closes (its process died: at once), its heartbeats stop
-  (its node is gone), or every other member waits for it in the step's reduction and it does not run (``stuck``,
-  then :mod:`.probe`: it hangs). The member is dropped (a hung one is told to exit), the others are told to abort
+  (its node is gone), or every other member waits for it in the step's reduction and its work makes no progress
+  (``stuck``, then :mod:`.probe`). The member is dropped (a hung one is told to exit), the others are told to abort
   the step's reduction, and they redo that step without it, taking its rows of the batch (:class:`~.protocol.StepShares`).
 
-It also hosts the ``TCPStore`` where every rank writes the address of its end of the cross-replica ring (:mod:`.ring`).
+It also hosts the ``TCPStore`` where every quorum's cross-replica process groups meet (:mod:`.group`).
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ class Coordinator:
 
     def stuck(self, replica: int, qid: int) -> None:
         """A rank of ``replica`` waits too long in quorum ``qid``'s reduction: is every other member waiting for the
-        same few? Those are suspects: :mod:`.probe` drops those that do not run."""
+        same few? Those are suspects: :mod:`.probe` drops those whose work makes no progress."""
         with self.lock:
             if self.quorum is None or qid != self.quorum.qid or self.aborted:
                 return
@@ -173,7 +173,7 @@ class Coordinator:
         if not live:
             return
         finished = all(alive[r].joined == q.step + 1 and alive[r].done == q.step for r in live)
-        if not finished:  # aborted, or a sum failed without a word: the step again on a fresh ring, without the lost
+        if not finished:  # aborted, or a sum failed without a word: the step again in a fresh group, without the lost
             if all(alive[r].joined in (q.step, q.step + 1) for r in live):  # (the survivors keep what they computed)
                 self._publish(live, step=q.step, committed=None, fresh=True)
             return
@@ -240,8 +240,8 @@ def _serve_connection(coord: Coordinator, conn: socket.socket) -> None:
                 coord.stuck(replica, msg["qid"])
             elif op == "beat":
                 coord.beat(replica)
-            elif op == "busy":
-                coord.probes.busy(replica, msg["rank"], msg["id"], msg["cpu"])
+            elif op == "progress":
+                coord.probes.answer(replica, msg["rank"], msg["id"], msg)
             elif op == "fail":
                 coord.lost(replica, conn, f"it failed ({msg['why']})")
             elif op == "bye":

@@ -1,72 +1,186 @@
-"""The cross-replica group of one quorum: what a failure cannot wedge.
+"""The cross-replica group of one quorum, on torch's own process groups: gloo here, NCCL on a GPU.
 
-Rank ``k`` of every member of quorum ``q`` sums gradients with rank ``k`` of the others: HSDP's replica dimension.
-The data plane is our own ring of plain TCP connections (:mod:`.ring`): a new quorum costs each rank one connect
-to the next member (gloo's full mesh took 10-30 ms a quorum here, more than the step it was formed for), and
-:meth:`ReplicaGroup.cut` shuts the ring's sockets, so a sum waiting on a member that died (its peers see the closed
-socket themselves) or hangs (the coordinator says so) fails at once on every rank, and the members meet again in
-the next quorum's ring.
+Rank ``k`` of every member of quorum ``q`` sums gradients with rank ``k`` of the others: HSDP's replicate dimension.
+The group is torch's ``ProcessGroupGloo`` (host tensors) or ``ProcessGroupNCCL`` (device tensors, non-blocking init,
+so an abort can interrupt its setup too), made over the coordinator's ``TCPStore`` under a prefix of its own
+(``rg/<qid>/<k>``). It is made when the members change (a new ``qid``), never per step: 2-15 ms here for a gloo
+group; on p5 an NCCL communicator over EFA, once per fault.
 
-:meth:`ReplicaGroup.all_reduce` watches the sum while it runs: done; aborted by the coordinator (cut,
-:class:`StepAborted`); or taking longer than ``patience`` (told to the coordinator once, which looks for the member
-everybody waits for). On a GPU the buffer is copied to host memory first (the caller's ``flat``); the ring moves
-host memory, as gloo did.
+Nothing a failure does can wedge a rank, because no rank blocks inside torch: every operation is issued
+asynchronously and watched from the caller's thread (:meth:`ReplicaGroup._watch`) until it is done, the coordinator
+aborts the quorum (a member failed: :meth:`cut` from the client's reader thread), or the data plane's timeout passes.
+
+* a member whose process dies closes its connections: gloo's pending operation fails at once on every peer;
+* a member that hangs: the coordinator says so; the wait is given up at once and the group aborted (NCCL:
+  ``ncclCommAbort`` frees its kernels; gloo: its worker thread fails as soon as the hung member, evicted, exits) and
+  never used again: the survivors meet in the next quorum's group.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 
 import torch
+import torch.distributed as dist
 
-from .protocol import Quorum
-from .ring import Endpoint, Ring, RingBroken
+from nvrx_lab.net import wait_for
+
+TICK_S = 0.002
+"""How often a watched operation looks at its completion, the coordinator's word and its clocks."""
+_abandoned: list[tuple[dist.ProcessGroup, list]] = []
+"""Aborted groups with operations still pending, kept alive until those end: gloo's destructor joins its worker
+threads, and a thread blocked on a hung member would hold the caller (60 s here) until that member exited."""
 
 
 class StepAborted(RuntimeError):
-    """The step's reduction was aborted: a member of the quorum failed."""
+    """The step's reduction was aborted: a member of the quorum failed (or the data plane's timeout passed)."""
+
+
+def new_process_group(store: dist.Store, index: int, size: int, device: torch.device,
+                      timeout: timedelta) -> dist.ProcessGroup:
+    """Torch's process group for ``device``: NCCL with non-blocking init for CUDA tensors, gloo for host ones."""
+    if device.type == "cuda":
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        opts.config.blocking = 0  # non-blocking communicator init: an abort ends a setup that waits for a lost member
+        pg = dist.ProcessGroupNCCL(store, index, size, opts)
+        pg.eager_connect_single_device(device)
+        return pg
+    return dist.ProcessGroupGloo(store, index, size, timeout)
+
+
+def _wait_all(works: list, errors: list) -> None:
+    try:
+        for w in works:
+            w.wait()
+    except RuntimeError as e:
+        errors.append(e)
+
+
+def open_store(host: str, port: int, timeout: float = 60.0) -> dist.TCPStore:
+    """The coordinator's store, once per rank: where every quorum's process group meets."""
+    return dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout))
 
 
 class ReplicaGroup:
-    def __init__(self, endpoint: Endpoint, quorum: Quorum, replica: int, rank: int):
+    def __init__(self, store: dist.Store, quorum, replica: int, rank: int, device: torch.device,
+                 timeout_s: float = 300.0):
         self.qid, self.index, self.size = quorum.qid, quorum.index(replica), len(quorum.members)
-        self.ring = Ring(endpoint, quorum.qid, quorum.members, self.index, rank)
+        self.store = dist.PrefixStore(f"rg/{quorum.qid}/{rank}", store)
+        self.device, self.timeout_s = torch.device(device), timeout_s
+        self.pg: dist.ProcessGroup | None = None
+        self._pending: list = []  # the works of the operation in progress
+        self._cut = threading.Event()
 
-    def connect(self, timeout: float = 60.0) -> ReplicaGroup:
-        """Meet the other members (rank ``rank`` of each); a :meth:`cut` meanwhile ends the wait (:class:`StepAborted`)."""
-        try:
-            self.ring.connect(timeout)
-        except RingBroken as e:
-            self.cut()
-            raise StepAborted(f"quorum {self.qid}: the members could not meet ({e})") from None
+    def connect(self, aborted: Callable[[], bool]) -> ReplicaGroup:
+        """Meet the other members (rank ``k`` of each); an abort meanwhile ends the wait (:class:`StepAborted`)."""
+        if self.size == 1:
+            return self
+        made: dict = {}
+
+        def make() -> None:  # torch's constructor waits for every member in the store: off the watched thread
+            try:
+                made["pg"] = new_process_group(self.store, self.index, self.size, self.device,
+                                               timedelta(seconds=self.timeout_s))
+            except Exception as e:  # noqa: BLE001 - reported to the watcher below
+                made["error"] = e
+
+        maker = threading.Thread(target=make, daemon=True, name=f"nvrx-replica-group-{self.qid}")
+        maker.start()
+        self._watch(lambda: not maker.is_alive(), aborted, "the members could not meet")
+        if "error" in made:
+            raise StepAborted(f"quorum {self.qid}: the members could not meet ({made['error']})")
+        self.pg = made["pg"]
         return self
 
     def cut(self) -> None:
-        """From any thread: end every transfer of this group now (it is of no use any more)."""
-        self.ring.cut()
+        """From any thread: end this group's transfers now (the quorum was aborted)."""
+        self._cut.set()
 
     def close(self) -> None:
-        self.ring.close()
+        """Leave the group for good (a new quorum has its own): abort it, which waits for no other member, and keep it
+        until its pending operations end (they fail once the member they wait on is gone)."""
+        _abandoned[:] = [(pg, works) for pg, works in _abandoned if not all(w.is_completed() for w in works)]
+        if self.pg is not None:
+            pg, self.pg = self.pg, None
+            try:
+                pg.abort()
+            except RuntimeError:
+                pass
+            if not all(w.is_completed() for w in self._pending):
+                _abandoned.append((pg, self._pending))
+        self._pending = []
 
-    def all_reduce(self, tensor: torch.Tensor, aborted: Callable[[], bool], patience: float,
+    def all_reduce(self, tensors: list[torch.Tensor], aborted: Callable[[], bool], patience: float,
                    on_stuck: Callable[[], None]) -> None:
-        """Sum ``tensor`` (contiguous, in host memory) over the members, in place; :class:`StepAborted` if the quorum
-        is aborted meanwhile or a member's connection closes."""
+        """Sum ``tensors`` over the members, in place (all issued at once, then watched): :class:`StepAborted` if the
+        quorum is aborted meanwhile or a member's connection closes; ``on_stuck`` once past ``patience``."""
         if self.size == 1:
             return
-        t0, told = time.monotonic(), False
+        works = [self.pg.allreduce([t]) for t in tensors]
+        self._wait(works, aborted, "the sum", patience, on_stuck)
 
-        def tick() -> None:  # between transfers, and every few milliseconds while nothing moves
-            nonlocal told
-            if aborted():
-                raise RingBroken("aborted by the coordinator")
+    def send(self, tensors: list[torch.Tensor], dst: int, aborted: Callable[[], bool],
+             on_done: Callable[[], None] = lambda: None) -> None:
+        """Send ``tensors`` to member index ``dst``, one after another (``on_done`` after each)."""
+        for t in tensors:
+            self._wait([self.pg.send([t], dst, 0)], aborted, f"a send to member {dst}", point_to_point=True)
+            on_done()
+
+    def recv(self, tensors: list[torch.Tensor], src: int, aborted: Callable[[], bool],
+             on_done: Callable[[], None] = lambda: None) -> None:
+        """Receive into ``tensors`` from member index ``src``, one after another (``on_done`` after each)."""
+        for t in tensors:
+            self._wait([self.pg.recv([t], src, 0)], aborted, f"a receive from member {src}", point_to_point=True)
+            on_done()
+
+    def _wait(self, works: list, aborted: Callable[[], bool], what: str, patience: float = float("inf"),
+              on_stuck: Callable[[], None] = lambda: None, point_to_point: bool = False) -> None:
+        """Watch ``works`` to their end. Gloo's point-to-point works say they are complete only once waited for, so
+        those are waited for by a thread of their own, which the watch looks at instead (left behind on an abort, it
+        ends when the operation fails)."""
+        self._pending, errors = works, []
+        if point_to_point:
+            waiter = threading.Thread(target=_wait_all, args=(works, errors), daemon=True, name="nvrx-replica-p2p")
+            waiter.start()
+            done = lambda: not waiter.is_alive()  # noqa: E731
+        else:
+            done = lambda: all(w.is_completed() for w in works)  # noqa: E731
+        self._watch(done, aborted, what, patience, on_stuck)
+        try:
+            if errors:
+                raise errors[0]
+            for w in works if not point_to_point else ():  # (waited for once: a second wait never returns)
+                w.wait()
+        except RuntimeError as e:  # a member's connection closed: it died
+            self._abort()
+            raise StepAborted(f"quorum {self.qid}: {what} failed ({str(e).splitlines()[0][:200]})") from None
+
+    def _watch(self, done: Callable[[], bool], aborted: Callable[[], bool], what: str, patience: float = float("inf"),
+               on_stuck: Callable[[], None] = lambda: None) -> None:
+        """Until ``done()``; :class:`StepAborted` on the coordinator's word or past the data plane's timeout."""
+        t0, told = time.monotonic(), []
+
+        def finished() -> bool:
+            if done():
+                return True
+            if aborted() or self._cut.is_set():
+                self._abort()
+                raise StepAborted(f"quorum {self.qid}: {what} was aborted by the coordinator")
             if not told and time.monotonic() - t0 > patience:
-                told = True
-                on_stuck()
+                told.append(on_stuck())
+            return False
 
         try:
-            self.ring.all_reduce(tensor, tick)
-        except RingBroken as e:
-            self.cut()
-            raise StepAborted(f"quorum {self.qid}: {e}") from None
+            wait_for(finished, self.timeout_s, what, interval=TICK_S)
+        except TimeoutError:
+            self._abort()
+            raise StepAborted(f"quorum {self.qid}: {what} took longer than the data plane's timeout "
+                              f"({self.timeout_s:.0f} s, --replica-timeout)") from None
+
+    def _abort(self) -> None:
+        self._cut.set()
+        self.close()

@@ -2,25 +2,32 @@
 
 The state is the trainer's live state dict (:meth:`~nvrx_lab.train.state.TrainState.local_state_dict`: this
 rank's FSDP shards of the parameters, the optimizer's state, the step): the same world inside a replica group,
-the same sharding, so it is copied as it is, without a checkpoint format. One connection from the donor to the
-joiner (:meth:`.ring.Ring.send_to`): the lengths, the layout (JSON: where each tensor goes, its dtype and shape,
-and the plain values), then every tensor's bytes in one buffer. The joiner fills its own tensors in place. The donor
-sends from its live tensors, which nothing changes before the step's update (that waits for every member,
-the joiner included), so the others do not pause for it beyond the joiner's own step.
+the same sharding, so it is copied as it is, without a checkpoint format. It goes over the quorum's own process group
+(:mod:`.group`: gloo here, NCCL on a GPU), point to point from the donor to each joiner: a header (the layout's
+length, the state's bytes), the layout (JSON: where each tensor goes, its dtype and shape, and the plain values),
+then every tensor's bytes in chunks of at most ``CHUNK_BYTES``, received in place into the joiner's own tensors:
+no copy of the whole state is ever made on either side. Each chunk is a unit of progress (:mod:`.progress`), so a
+large heal is slow, never hung, and every chunk is watched (an abort ends it; the data plane's timeout bounds it).
+
+The donor sends from its live tensors, which nothing changes before the step's update (that waits for every member,
+the joiner included); the others wait in the step's reduction meanwhile, with a patience that grows with the bytes
+to move (:data:`HEAL_BPS_FLOOR`).
 """
 
 from __future__ import annotations
 
 import json
-import struct
+from collections.abc import Callable
 
 import torch
 from torch.distributed.tensor import DTensor
 
 from .group import ReplicaGroup
-from .ring import recv_exact
 
-_HEAD = struct.Struct("!qq")  # the layout's length, the tensors' bytes
+CHUNK_BYTES = 64 << 20
+"""The most one send or receive of a heal moves."""
+HEAL_BPS_FLOOR = 50e6
+"""Bytes a second the others' patience assumes a heal moves at least (a loaded 2-core box here; p5: 100x that)."""
 
 
 def _flatten(obj, tensors: list[torch.Tensor]):
@@ -47,38 +54,64 @@ def _restore(layout, tensors: list[torch.Tensor], into=None):
     return layout
 
 
-def _bytes(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().reshape(-1).contiguous().view(torch.uint8)
+def state_bytes(state_dict: dict) -> int:
+    tensors: list[torch.Tensor] = []
+    _flatten(state_dict, tensors)
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def send_state(group: ReplicaGroup, to: list[int], state_dict: dict) -> int:
+def _chunks(buffers: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Byte views of contiguous ``buffers``, cut into pieces of at most ``CHUNK_BYTES`` (empty ones left out)."""
+    out = []
+    for t in buffers:
+        flat = t.detach().reshape(-1).view(torch.uint8)
+        out += [flat[i:i + CHUNK_BYTES] for i in range(0, flat.numel(), CHUNK_BYTES)]
+    return out
+
+
+def send_state(group: ReplicaGroup, to: list[int], state_dict: dict, aborted: Callable[[], bool],
+               on_chunk: Callable[[], None] = lambda: None) -> int:
     """Send this rank's ``state_dict`` to group members ``to``; returns the bytes sent to each."""
     tensors: list[torch.Tensor] = []
     layout = _flatten(state_dict, tensors)
     meta = json.dumps({"layout": layout, "tensors": [[str(t.dtype), list(t.shape)] for t in tensors]}).encode()
-    blob = torch.cat([_bytes(t).cpu() for t in tensors]) if tensors else torch.empty(0, dtype=torch.uint8)
+    device = group.device
+    payload = [t if t.is_contiguous() else t.contiguous() for t in tensors]
+    total = sum(t.numel() * t.element_size() for t in payload)
+    head = torch.tensor([len(meta), total], dtype=torch.int64, device=device)
+    meta_t = torch.frombuffer(bytearray(meta), dtype=torch.uint8).to(device)
     for index in to:
-        group.ring.send_to(index, [_HEAD.pack(len(meta), blob.numel()), meta, memoryview(blob.numpy())])
-    return len(meta) + blob.numel()
+        group.send([head, meta_t], index, aborted)
+        group.send(_chunks(payload), index, aborted, on_chunk)
+    return len(meta) + total
 
 
-def recv_state(group: ReplicaGroup, src: int, state_dict: dict) -> dict:
+def recv_state(group: ReplicaGroup, src: int, state_dict: dict, aborted: Callable[[], bool],
+               on_chunk: Callable[[], None] = lambda: None) -> dict:
     """Receive a donor's state into ``state_dict``'s tensors (in place) and return the whole of it (plain values too)."""
-    conn = group.ring.recv_from(src)
-    meta_len, blob_len = _HEAD.unpack(recv_exact(conn, bytearray(_HEAD.size)))
-    info = json.loads(bytes(recv_exact(conn, bytearray(meta_len))))
+    head = torch.empty(2, dtype=torch.int64, device=group.device)
+    group.recv([head], src, aborted)
+    meta_len, total = (int(v) for v in head.tolist())
+    meta_t = torch.empty(meta_len, dtype=torch.uint8, device=group.device)
+    group.recv([meta_t], src, aborted)
+    info = json.loads(bytes(meta_t.cpu().numpy()))
     mine: list[torch.Tensor] = []
     _flatten(state_dict, mine)
-    shapes = [(str(t.dtype), list(t.shape)) for t in mine]
-    if shapes != [tuple(x) for x in info["tensors"]]:
-        raise ValueError(f"the donor's state has another layout ({len(info['tensors'])} tensors) than this rank's "
-                         f"({len(mine)}): not the same model, world or sharding")
-    blob = torch.empty(blob_len, dtype=torch.uint8)
-    recv_exact(conn, memoryview(blob.numpy()))
-    offset = 0
+    shapes = [[str(t.dtype), list(t.shape)] for t in mine]
+    if shapes != info["tensors"]:
+        diff = next(i for i, (a, b) in enumerate(zip(shapes, info["tensors"], strict=False)) if a != b) \
+            if len(shapes) == len(info["tensors"]) else None
+        where = f"tensor {diff}: {info['tensors'][diff]} sent, {shapes[diff]} here" if diff is not None else \
+            f"{len(info['tensors'])} tensors sent, {len(mine)} here"
+        raise ValueError(f"the donor's state has another layout than this rank's ({where}): not the same model, "
+                         f"world or sharding")
+    into = [t if t.is_contiguous() else torch.empty_like(t, memory_format=torch.contiguous_format) for t in mine]
+    if sum(t.numel() * t.element_size() for t in into) != total:
+        raise ValueError(f"the donor sends {total} bytes of state, this rank holds "
+                         f"{sum(t.numel() * t.element_size() for t in into)}")
     with torch.no_grad():
-        for t in mine:
-            n = t.numel() * t.element_size()
-            t.copy_(blob[offset:offset + n].view(t.dtype).view(t.shape))
-            offset += n
+        group.recv(_chunks(into), src, aborted, on_chunk)
+        for t, buf in zip(mine, into, strict=True):
+            if buf is not t:
+                t.copy_(buf)
     return _restore(info["layout"], mine, state_dict)

@@ -2,14 +2,16 @@
 
 The survivors of a step tell the coordinator when their reduction has waited longer than their patience (twice
 their median step): the member they wait for is *suspected*. Time alone cannot tell a hang from a member that is
-slow for a moment (a replacement starting on the same node took whole cores here, and a healthy member was
-dropped in 2 runs of 6 under load), so the coordinator asks each of the suspect's ranks, every ``PROBE_S``, how
-much CPU its training thread has used (its client's reader thread answers from ``pthread_getcpuclockid``):
+slow for a moment (a replacement starting on the same node took whole cores here), and neither can a thread's CPU
+time (on a GPU the backward runs on autograd's device threads while the caller sleeps, and a synchronize on a hung
+GPU busy-waits). So the coordinator asks each of the suspect's ranks, every ``PROBE_S``, for its progress
+(:mod:`.progress`: units of work the device has completed, seconds since the last one, whether it is computing):
 
-* none of its ranks' training threads ran between two answers ``PROBE_S`` apart (blocked in a sleep, a ``recv``, a
-  wait that never returns), or one of its ranks did not answer within ``REPLY_S``: **hung**, dropped;
-* one did: **slow**, said once on the console, and looked at again every ``PROBE_S`` until the step is done or the
-  member has been waited for ``HARD_S`` (a hang that spins is dropped then).
+* a rank computing with no unit completed for its ``hang_after_s``, or a rank that does not answer within
+  ``REPLY_S`` (a stopped process): **hung**, the member is dropped;
+* units completed between two looks: **slow**, said once on the console and as a ``replica_slow`` event, and
+  looked at again until the step is done;
+* not computing (already in its own reduction, or between two phases): looked at again.
 """
 
 from __future__ import annotations
@@ -18,19 +20,17 @@ import sys
 import threading
 import time
 
-PROBE_S = 0.02
-"""Between two looks at a suspect's CPU time."""
-MIN_CPU_S = 50e-6
-"""CPU a training thread that runs at all uses in ``PROBE_S`` (a thread blocked for good uses none)."""
-REPLY_S = 0.5
-"""How long a suspect's ranks have to answer (a stopped process cannot)."""
-HARD_S = 30.0
-"""Waited for this long, a suspect is dropped however busy it is."""
+from .progress import HANG_FLOOR_S
+
+PROBE_S = 0.1
+"""Between two looks at a suspect's progress."""
+REPLY_S = HANG_FLOOR_S
+"""How long a suspect's ranks have to answer (a stopped process cannot; a healthy one on a loaded box can)."""
 
 
 class Probes:
     """The coordinator's suspects: ``(qid, replica) ->`` what their ranks said so far. Called under the coordinator's
-    lock (:meth:`suspect`, :meth:`busy`) or taking it (the timers)."""
+    lock (:meth:`suspect`) or taking it (:meth:`answer`, the timers)."""
 
     def __init__(self, coord):
         self.coord = coord
@@ -40,7 +40,7 @@ class Probes:
     def suspect(self, qid: int, members: list) -> None:
         for m in members:
             if (qid, m.replica) not in self._cases or not self._open((qid, m.replica)):  # new, or left from a step before
-                self._cases[(qid, m.replica)] = {"since": time.monotonic(), "last": None, "said": False,
+                self._cases[(qid, m.replica)] = {"since": time.monotonic(), "first": None, "said": False,
                                                  "step": self.coord.quorum.step}
                 self._ask(qid, m)
 
@@ -52,38 +52,39 @@ class Probes:
             self.coord._send(conn, {"op": "probe", "id": self._ids})
         threading.Timer(REPLY_S, self._late, args=(qid, m, self._ids)).start()
 
-    def busy(self, replica: int, rank: int, probe: int, cpu: float) -> None:
-        """Rank ``rank`` of ``replica`` answered probe ``probe``: its training thread's CPU seconds so far."""
+    def answer(self, replica: int, rank: int, probe: int, report: dict) -> None:
+        """Rank ``rank`` of ``replica`` answered probe ``probe`` with its :meth:`.progress.Progress.report`."""
         with self.coord.lock:
-            self._busy(replica, rank, probe, cpu)
+            self._answer(replica, rank, probe, report)
 
-    def _busy(self, replica: int, rank: int, probe: int, cpu: float) -> None:
+    def _answer(self, replica: int, rank: int, probe: int, report: dict) -> None:
         key = next((k for k, c in self._cases.items() if k[1] == replica and c.get("id") == probe), None)
         if key is None or not self._open(key):
             return
         case, m = self._cases[key], self.coord.members[replica]
         if not m.alive:
             return
-        case["now"][rank] = cpu
+        case["now"][rank] = report
         if len(case["now"]) < len(m.conns):
             return
-        last, now = case["last"], case["now"]
-        case["last"] = now
-        if last is not None:
-            ran = max(now[r] - last.get(r, now[r]) for r in now)
-            waited = time.monotonic() - case["since"]
-            if ran < MIN_CPU_S or waited > HARD_S:
-                why = (f"its training threads used no CPU in {PROBE_S * 1000:.0f} ms" if ran < MIN_CPU_S
-                       else f"waited for {waited:.0f} s")
-                self.coord._fail(m, f"hang: every other member waited for it in the step's reduction, and {why}",
-                                 evict=True)
+        reports = list(case["now"].values())
+        ticks = sum(r.get("ticks", 0) for r in reports)
+        computing = [r for r in reports if r.get("working")]
+        if computing:
+            idle, limit = min(r["idle_s"] for r in computing), max(r["hang_after_s"] for r in computing)
+            if idle >= limit:
+                self.coord._fail(m, f"hang: every other member waited for it in the step's reduction, and no unit of its "
+                                    f"work completed for {idle:.1f} s (limit {limit:.1f} s)", evict=True)
                 return
-            if not case["said"]:
-                case["said"] = True
-                self.coord.emit("replica_slow", replica=replica, qid=key[0], ran_ms=round(ran * 1000, 2))
-                print(f"[nvrx_lab.replicas] replica {replica} is slow, not hung (its training thread ran "
-                      f"{ran * 1000:.1f} ms of the last {PROBE_S * 1000:.0f}): the others wait for it", file=sys.stderr,
-                      flush=True)
+        if case["first"] is None:
+            case["first"] = ticks
+        elif ticks > case["first"] and not case["said"]:
+            case["said"] = True
+            waited = time.monotonic() - case["since"]
+            self.coord.emit("replica_slow", replica=replica, qid=key[0], units=ticks - case["first"],
+                            waited_s=round(waited, 3))
+            print(f"[nvrx_lab.replicas] replica {replica} is slow, not hung ({ticks - case['first']} units of work "
+                  f"completed in the last {waited:.2f} s): the others wait for it", file=sys.stderr, flush=True)
         threading.Timer(PROBE_S, self._again, args=(key[0], m)).start()
 
     def _again(self, qid: int, m) -> None:

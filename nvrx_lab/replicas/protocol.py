@@ -29,7 +29,7 @@ class Quorum:
     """Who trains step ``step``, and what became of the step before."""
 
     qid: int
-    """Changes whenever the members do, or a sum failed without a member lost: a new cross-replica ring is made for it
+    """Changes whenever the members do, or a sum failed without a member lost: a new cross-replica process group is made for it
     (:mod:`.group`)."""
     step: int
     """The step to compute now (the same step again after an abort)."""

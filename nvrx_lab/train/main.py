@@ -19,6 +19,7 @@ a Ctrl-C is one line too.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import resource
@@ -67,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     configure_threads(cfg, launch)
     export_env({"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}, keep_set=True)  # deterministic cuBLAS; else CUDA matmuls raise
     deterministic()
+    # FSDP2's first fully_shard imports dynamo (and inductor): seconds on a busy box, before the first step could
+    # say it lives. Imported here, before any restart layer's timeout is armed (an in-process soft timeout of 3 s
+    # fired inside that import, left torch._dynamo half-initialised, and every restart failed on it)
+    importlib.import_module("torch._dynamo")
     events = EventLog(cfg.metrics or None, rank=rank)
     events.emit("start", world_size=launch.world_size, restart_count=launch.restart_count, new_run=new_run,
                 pid=os.getpid())

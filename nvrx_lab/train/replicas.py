@@ -1,14 +1,16 @@
 """Training as one replica group of several (``--restart replicas``): the survivors of a fault never stop.
 
 Each replica group is a torchrun job of its own (FSDP2 inside it); rank ``k`` of every group sums gradients with
-rank ``k`` of the others over the quorum's cross-replica group (:mod:`nvrx_lab.replicas`). Every step::
+rank ``k`` of the others over the quorum's cross-replica process group (:mod:`nvrx_lab.replicas.group`: gloo here,
+NCCL on a GPU, made when the members change). Every step::
 
     quorum  = the coordinator's answer to "ready for step s" (group rank 0 asks; every rank hears)
     commit  the previous step's update if every member finished it (quorum.committed)
     heal    a replacement gets a live member's state (rank k from rank k) before it trains (it made its optimizer's
             state and ran one forward and backward before it joined: the others do not wait for its first-call costs)
     compute this rank's rows of step s's global batch: its replica's share, split among the group's ranks
-    reduce  the gradients' sum over the members (cut, and StepAborted, if a member fails meanwhile)
+    reduce  the gradients' sum over the members, in buckets on the device in their dtype (StepAborted if a member
+            fails meanwhile)
 
 After an abort the same step is redone by the survivors: each keeps the gradients of the rows it computed and
 takes its part of the rows the lost member held (:class:`~nvrx_lab.replicas.protocol.StepShares`), so the
@@ -29,10 +31,10 @@ from torch.distributed.tensor import DTensor
 
 from nvrx_lab.faults import FaultInjector
 from nvrx_lab.replicas.client import JobFinished, ReplicaClient, StateLost
-from nvrx_lab.replicas.group import ReplicaGroup, StepAborted
-from nvrx_lab.replicas.heal import recv_state, send_state
+from nvrx_lab.replicas.group import ReplicaGroup, StepAborted, open_store
+from nvrx_lab.replicas.heal import HEAL_BPS_FLOOR, recv_state, send_state, state_bytes
+from nvrx_lab.replicas.progress import Progress
 from nvrx_lab.replicas.protocol import Quorum, StepShares, rank_part
-from nvrx_lab.replicas.ring import Endpoint, open_store
 from nvrx_lab.train import runs
 from nvrx_lab.train.config import TrainConfig
 from nvrx_lab.train.data import SyntheticTokens
@@ -42,6 +44,8 @@ from nvrx_lab.train.state import TrainState, build_model
 COLD_PATIENCE_S = 5.0
 """The least a step with a replacement in it, or a redo, waits before the coordinator hears of it (on a loaded box a
 re-formed group's first reduction took more than twice a warm step, and a healthy member was dropped as hung)."""
+BUCKET_BYTES = 64 << 20
+"""The most gradient bytes summed in one operation (one dtype a bucket); they are all issued at once."""
 
 
 class ReplicaStep:
@@ -53,38 +57,51 @@ class ReplicaStep:
         self.params = [p for p in state.model.parameters() if p.requires_grad]
         self.rows: list[range] = []
         self.loss_sum = 0.0  # float64 from the rows on: sums over other partitions of the batch agree within 1e-12
-        self.reduced: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.reduced: tuple[list[torch.Tensor], torch.Tensor] | None = None
 
     def compute(self, rows: list[range]) -> None:
         """One forward and backward over ``rows`` of the step's global batch (gradients add up in ``.grad``). Always
         exactly one, even over no rows: FSDP's collectives inside the group must match on every rank."""
         batch = self.state.data.global_batch_at(self.step - 1)
-        index = torch.tensor([r for rng in rows for r in rng], dtype=torch.long)
-        toks = batch[index].to(self.attempt.device)
+        index = [r for rng in rows for r in rng]
+        # no rows (a redo's few lost rows went to the other ranks): a stand-in row weighted zero, so this rank still
+        # runs the forward and backward whose collectives its group's ranks run, and adds a zero gradient
+        weight = 1.0 if index else 0.0
+        toks = batch[torch.tensor(index or [0], dtype=torch.long)].to(self.attempt.device)
         logits = self.state.model(toks[:, :-1])
         per_row = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), toks[:, 1:].flatten(),
-                                                    reduction="none").view(len(index), -1).mean(1)
-        per_row.sum().backward()
-        self.loss_sum += float(per_row.detach().double().sum())
+                                                    reduction="none").view(len(toks), -1).mean(1)
+        (per_row.sum() * weight).backward()
+        self.loss_sum += weight * float(per_row.detach().double().sum())
         self.rows += rows
 
-    def flat(self) -> torch.Tensor:
-        """This rank's gradient shards in one host buffer (a fresh one: an aborted reduction keeps its own)."""
+    def buckets(self) -> list[torch.Tensor]:
+        """This rank's gradient shards copied into buckets on the device, each of one dtype and at most
+        :data:`BUCKET_BYTES` (copies: an aborted sum leaves ``.grad`` as computed, for the redo)."""
         grads = [_local(p.grad) if p.grad is not None else torch.zeros_like(_local(p)) for p in self.params]
-        return torch.cat([g.reshape(-1).float().cpu() for g in grads])
+        out: list[list[torch.Tensor]] = []
+        for g in grads:
+            last = out[-1] if out else None
+            if last is None or last[0].dtype != g.dtype or sum(t.nbytes for t in last) + g.nbytes > BUCKET_BYTES:
+                out.append(last := [])
+            last.append(g.reshape(-1))
+        return [torch.cat(b) for b in out]
 
     def apply(self) -> float:
         """The committed update: gradients = the sum over every row of the batch / global batch (FSDP's reduction
         inside a group averaged over its ranks: times ranks); returns the step's loss (summed over the group's ranks,
         which each hold the loss of their own rows)."""
-        (flat, loss), offset, ranks = self.reduced, 0, self.attempt.world_size
-        loss = loss.clone()
+        (buckets, loss), ranks = self.reduced, self.attempt.world_size
+        loss = loss.cpu()
         if ranks > 1:
             dist.all_reduce(loss, group=self.attempt.cpu_group)
+        rest, bucket, offset = iter(buckets[1:]), buckets[0], 0
         with torch.no_grad():
-            for p in self.params:
+            for p in self.params:  # in the order buckets() packed them
                 g = _local(p.grad)
-                g.copy_(flat[offset:offset + g.numel()].view_as(g).to(g.dtype) * (ranks / self.cfg.global_batch))
+                while offset + g.numel() > bucket.numel():
+                    bucket, offset = next(rest), 0
+                g.copy_(bucket[offset:offset + g.numel()].view_as(g)).mul_(ranks / self.cfg.global_batch)
                 offset += g.numel()
         self.state.optimizer.step()
         self.state.optimizer.zero_grad(set_to_none=False)
@@ -112,9 +129,10 @@ def _train(cfg: TrainConfig, attempt: Attempt) -> dict:
     rc, events, rank, ranks = cfg.replicas, attempt.events, attempt.rank, attempt.world_size
     host, port = rc.address
     client = ReplicaClient(host, port, rc.replica_id, rank, ranks)
-    # this rank's end of the data plane, on the address it reaches the coordinator from (a pod's own IP)
-    endpoint = Endpoint(client.sock.getsockname()[0], open_store(host, client.store_port), rc.replica_id, rank)
+    store = open_store(host, client.store_port)  # where the quorums' process groups meet (the coordinator hosts it)
     state = _state(cfg, attempt)
+    client.progress = progress = Progress(state.model, state.optimizer, attempt.device, rc.hang_timeout)
+    plane = _Plane(client, store, state, attempt, rc, progress)
     faults = cfg.faults.faults
     injector = FaultInjector(faults, rc.replica_id * ranks + rank, state_file=runs.fault_state_file(cfg),
                              emit=events.emit) if faults else None
@@ -131,7 +149,8 @@ def _train(cfg: TrainConfig, attempt: Attempt) -> dict:
         losses, periods, last = [], [], time.monotonic()
         while True:
             if quorum.committed is not None and work is not None and work.step == quorum.committed:
-                losses.append(work.apply())
+                with progress.working():
+                    losses.append(work.apply())
                 state.step, now = quorum.committed, time.monotonic()
                 periods.append(now - last)
                 last = now
@@ -142,12 +161,14 @@ def _train(cfg: TrainConfig, attempt: Attempt) -> dict:
             if quorum.step > cfg.steps:
                 break
             done = None
-            group, ready = _meet(client, endpoint, quorum, rank, group, state, events)
+            group, ready = plane.meet(quorum, group, events)
             # every member computes, ready or not: the table of who holds which rows must be the same everywhere
-            work = _work(work, cfg, state, attempt, quorum, injector)
+            with progress.working():  # the probe judges a gap here (.progress): hung, or only slow
+                work = _work(work, cfg, state, attempt, quorum, injector)
             if ready:
                 try:
-                    done = _reduce(work, group, client, quorum, periods, rc.patience)
+                    done = plane.reduce(work, group, quorum, periods)
+                    progress.step_finished()
                     events.emit("ledger", step=work.step, qid=quorum.qid, replica=rc.replica_id,
                                 rows=[[r.start, r.stop] for r in work.rows])
                 except (StepAborted, RuntimeError):  # RuntimeError: the heal's ring broke (a member failed meanwhile)
@@ -161,23 +182,6 @@ def _train(cfg: TrainConfig, attempt: Attempt) -> dict:
         raise
     client.bye()
     return {"steps": state.step, "losses": losses, "world_size": ranks}
-
-
-def _meet(client: ReplicaClient, endpoint: Endpoint, quorum: Quorum, rank: int, group: ReplicaGroup | None,
-          state: TrainState, events) -> tuple[ReplicaGroup | None, bool]:
-    """This quorum's group (and its heal when this replica gives or takes state); ready is False when a member failed
-    while the group met: the step is computed all the same and reduced at the next quorum."""
-    replica = client.replica
-    try:
-        if group is None or group.qid != quorum.qid:
-            group = _group(client, endpoint, quorum, replica, rank, group)
-        if replica == quorum.donor or replica in quorum.joiners:
-            _heal(group, quorum, replica, state, events)
-        return group, True
-    except (StepAborted, RuntimeError) as e:
-        if replica in quorum.joiners:  # without a donor's state this process cannot train: a replacement will
-            raise RuntimeError(f"replica {replica} could not heal from replica {quorum.donor}: {e}") from None
-        return group, False
 
 
 def _work(work: ReplicaStep | None, cfg: TrainConfig, state: TrainState, attempt: Attempt, quorum: Quorum,
@@ -222,38 +226,62 @@ def _state(cfg: TrainConfig, attempt: Attempt) -> TrainState:
     return TrainState(model, optimizer, data)
 
 
-def _group(client: ReplicaClient, endpoint: Endpoint, quorum: Quorum, replica: int, rank: int,
-           old: ReplicaGroup | None) -> ReplicaGroup:
-    """The cross-replica group of this quorum (the last one's sockets closed); an abort meanwhile ends the meeting."""
-    if old is not None:
-        old.close()
-    group = ReplicaGroup(endpoint, quorum, replica, rank)
-    client.on_abort = lambda qid: group.cut() if qid == group.qid else None
-    if client.aborted(quorum.qid):
-        group.cut()
-    return group.connect()
+class _Plane:
+    """This rank's side of the data plane: the quorum's process group, the heal over it, the step's sum."""
 
+    def __init__(self, client: ReplicaClient, store, state: TrainState, attempt: Attempt, rc, progress: Progress):
+        self.client, self.store, self.state, self.attempt, self.rc, self.progress = client, store, state, attempt, rc, progress
+        self.state_bytes = state_bytes(state.local_state_dict())
 
-def _heal(group: ReplicaGroup, quorum: Quorum, replica: int, state: TrainState, events) -> None:
-    t0 = time.monotonic()
-    if replica == quorum.donor:
-        sent = send_state(group, [quorum.index(j) for j in quorum.joiners], state.local_state_dict())
-        events.emit("heal_sent", step=quorum.step, to=list(quorum.joiners), bytes=sent, seconds=time.monotonic() - t0)
-    else:
-        state.load_local_state_dict(recv_state(group, quorum.index(quorum.donor), state.local_state_dict()))
-        state.data.position = quorum.step - 1
-        events.emit("healed", step=quorum.step, donor=quorum.donor, seconds=time.monotonic() - t0)
+    def meet(self, quorum: Quorum, group: ReplicaGroup | None, events) -> tuple[ReplicaGroup | None, bool]:
+        """This quorum's group (and its heal when this replica gives or takes state); ready is False when a member
+        failed while the group met: the step is computed all the same and reduced at the next quorum."""
+        replica = self.client.replica
+        try:
+            if group is None or group.qid != quorum.qid:
+                group = self._group(quorum, group)
+            if replica == quorum.donor or replica in quorum.joiners:
+                with self.progress.working():  # each chunk is a unit: a large heal is slow, not hung
+                    self._heal(group, quorum, events)
+            return group, True
+        except (StepAborted, RuntimeError) as e:
+            if replica in quorum.joiners:  # without a donor's state this process cannot train: a replacement will
+                raise RuntimeError(f"replica {replica} could not heal from replica {quorum.donor}: {e}") from None
+            return group, False
 
+    def _group(self, quorum: Quorum, old: ReplicaGroup | None) -> ReplicaGroup:
+        """The process group of this quorum (the last one's aborted); an abort meanwhile ends the meeting."""
+        if old is not None:
+            old.close()
+        group = ReplicaGroup(self.store, quorum, self.client.replica, self.attempt.rank, self.attempt.device,
+                             self.rc.timeout)
+        self.client.on_abort = lambda qid: group.cut() if qid == group.qid else None
+        return group.connect(lambda: self.client.aborted(quorum.qid))
 
-def _reduce(work: ReplicaStep, group: ReplicaGroup, client: ReplicaClient, quorum: Quorum, periods: list[float],
-            patience: float) -> int:
-    """Sum the step's gradients over the members; the step it finished (:class:`StepAborted` if it did not)."""
-    flat = work.flat()
-    wait = patience or (max(0.05, 2 * statistics.median(periods[-20:])) if periods else 5.0)
-    if quorum.joiners or quorum.committed is None:  # a replacement's first step, or a redo on a group just re-formed,
-        wait = max(wait, COLD_PATIENCE_S)          # runs cold: not a hang at twice a warm step
-    loss = torch.tensor([work.loss_sum], dtype=torch.float64)  # its own sum: float32 beside the gradients moved the
-    for t in (flat, loss):                                      # curve 1.3e-6 off a fault-free run's (1 run of 6)
-        group.all_reduce(t, lambda: client.aborted(quorum.qid), wait, lambda: client.stuck(quorum.step, quorum.qid))
-    work.reduced = flat, loss
-    return quorum.step
+    def _heal(self, group: ReplicaGroup, quorum: Quorum, events) -> None:
+        t0, aborted, state = time.monotonic(), (lambda: self.client.aborted(quorum.qid)), self.state
+        if self.client.replica == quorum.donor:
+            sent = send_state(group, [quorum.index(j) for j in quorum.joiners], state.local_state_dict(), aborted,
+                              self.progress.unit)
+            events.emit("heal_sent", step=quorum.step, to=list(quorum.joiners), bytes=sent,
+                        seconds=time.monotonic() - t0)
+        else:
+            state.load_local_state_dict(recv_state(group, quorum.index(quorum.donor), state.local_state_dict(),
+                                                   aborted, self.progress.unit))
+            state.data.position = quorum.step - 1
+            events.emit("healed", step=quorum.step, donor=quorum.donor, seconds=time.monotonic() - t0)
+
+    def reduce(self, work: ReplicaStep, group: ReplicaGroup, quorum: Quorum, periods: list[float]) -> int:
+        """Sum the step's gradients over the members; the step it finished (:class:`StepAborted` if it did not)."""
+        buckets = work.buckets()
+        wait = self.rc.patience or (max(0.05, 2 * statistics.median(periods[-20:])) if periods else 5.0)
+        if quorum.joiners or quorum.committed is None:  # a replacement's first step, or a redo on a group just
+            wait = max(wait, COLD_PATIENCE_S)            # re-formed, runs cold: not a hang at twice a warm step
+        if quorum.joiners:  # ...and the donor and its joiners move the state first
+            wait += self.state_bytes * len(quorum.joiners) / HEAL_BPS_FLOOR
+        # the loss in its own float64 tensor: float32 beside the gradients moved the curve 1.3e-6 off (1 run of 6)
+        loss = torch.tensor([work.loss_sum], dtype=torch.float64, device=buckets[0].device)
+        group.all_reduce([*buckets, loss], lambda: self.client.aborted(quorum.qid), wait,
+                         lambda: self.client.stuck(quorum.step, quorum.qid))
+        work.reduced = buckets, loss
+        return quorum.step
