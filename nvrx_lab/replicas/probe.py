@@ -81,7 +81,7 @@ class Probes:
         elif ticks > case["first"] and not case["said"]:
             case["said"] = True
             waited = time.monotonic() - case["since"]
-            self.coord.emit("replica_slow", replica=replica, qid=key[0], units=ticks - case["first"],
+            self.coord.emit("replica_slow", replica=replica, qid=key[0], step=case["step"], units=ticks - case["first"],
                             waited_s=round(waited, 3))
             print(f"[nvrx_lab.replicas] replica {replica} is slow, not hung ({ticks - case['first']} units of work "
                   f"completed in the last {waited:.2f} s): the others wait for it", file=sys.stderr, flush=True)
