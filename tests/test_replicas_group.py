@@ -27,7 +27,7 @@ def _buckets(replica: int, numel: int) -> list[torch.Tensor]:
     return [(torch.arange(numel) % 97).to(dt) * (replica + 1) for dt in DTYPES]
 
 
-def _member(replica: int, members: tuple[int, ...], port: int, numel: int, plan: str, out) -> None:
+def _member(replica: int, members: tuple[int, ...], numel: int, plan: str, port: int, out) -> None:
     torch.set_num_threads(1)
     store = open_store("127.0.0.1", port, timeout=30)
     results, quorums = [], [Quorum(1, 1, members, None), Quorum(2, 1, members, None)]
@@ -55,22 +55,27 @@ def _member(replica: int, members: tuple[int, ...], port: int, numel: int, plan:
     out.put((replica, results))
 
 
-def _run(members: tuple[int, ...], numel: int, plan: str = "sum", timeout: float = 90.0) -> dict[int, list]:
+def _spawn(target, arg_lists: list[tuple], expect: int, timeout: float) -> list:
+    """One clean process per argument tuple (the store's port and a result queue appended); ``expect`` results, then
+    every process joined (killed if it lingers: a hung member)."""
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     out = SPAWN.Queue()
-    procs = [SPAWN.Process(target=_member, args=(r, members, store.port, numel, plan, out), daemon=True) for r in members]
+    procs = [SPAWN.Process(target=target, args=(*args, store.port, out), daemon=True) for args in arg_lists]
     for p in procs:
         p.start()
     try:
-        expect = len(members) - (plan in ("die", "hang"))
-        got = dict(out.get(timeout=timeout) for _ in range(expect))
+        return [out.get(timeout=timeout) for _ in range(expect)]
     finally:
         for p in procs:
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()
                 p.join()
-    return got
+
+
+def _run(members: tuple[int, ...], numel: int, plan: str = "sum", timeout: float = 90.0) -> dict[int, list]:
+    expect = len(members) - (plan in ("die", "hang"))
+    return dict(_spawn(_member, [(r, members, numel, plan) for r in members], expect, timeout))
 
 
 def _want(members, numel) -> list[float]:
@@ -133,7 +138,7 @@ def _state(seed: int, mb: int, layers: int = 4) -> dict:
             "step": seed}
 
 
-def _heal_member(index: int, port: int, mb: int, layers: int, out) -> None:
+def _heal_member(index: int, mb: int, layers: int, port: int, out) -> None:
     torch.set_num_threads(1)
     store = open_store("127.0.0.1", port, timeout=60)
     group = ReplicaGroup(store, Quorum(5, 4, (0, 1), None, 0, (1,)), index, 0, torch.device("cpu")).connect(lambda: False)
@@ -159,20 +164,8 @@ def _heal_member(index: int, port: int, mb: int, layers: int, out) -> None:
 
 
 def _heal(mb: int, joiner_layers: int = 4) -> dict:
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    out = SPAWN.Queue()
-    procs = [SPAWN.Process(target=_heal_member, args=(i, store.port, mb, 4 if i == 0 else joiner_layers, out), daemon=True)
-             for i in (0, 1)]
-    for p in procs:
-        p.start()
-    try:
-        return {i: rest for i, *rest in (out.get(timeout=150) for _ in range(2 if joiner_layers == 4 else 1))}
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-                p.join()
+    args = [(i, mb, 4 if i == 0 else joiner_layers) for i in (0, 1)]
+    return {i: rest for i, *rest in _spawn(_heal_member, args, 2 if joiner_layers == 4 else 1, 150)}
 
 
 @pytest.mark.timeout(240)
