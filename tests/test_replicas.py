@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from nvrx_lab.faults import parse_schedule
 from nvrx_lab.observe.events import read_events
@@ -56,6 +57,44 @@ def test_a_replicas_rows_split_among_its_ranks():
     rows = [range(0, 3), range(7, 10)]
     parts = [_flat(rank_part(rows, k, 4)) for k in range(4)]
     assert sorted(r for p in parts for r in p) == [0, 1, 2, 7, 8, 9] and max(map(len, parts)) - min(map(len, parts)) <= 1
+
+
+def test_gradients_go_out_in_buckets_of_one_dtype_and_come_back_to_their_parameters(monkeypatch):
+    """The sum's buckets (:meth:`ReplicaStep.buckets`): copies on the device, one dtype each, cut at the byte limit;
+    the update takes each parameter's gradient back from them (times ranks / global batch)."""
+    from types import SimpleNamespace
+
+    from nvrx_lab.train import replicas as trainer
+
+    monkeypatch.setattr(trainer, "BUCKET_BYTES", 64)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2).to(torch.bfloat16), torch.nn.Linear(2, 5))
+    params = list(model.parameters())
+    for q in params:
+        q.grad = torch.randn_like(q)
+    grads = [q.grad.clone() for q in params]
+
+    class Seen:  # the optimizer: what the update hands it
+        def step(self):
+            self.grads = [q.grad.clone() for q in params]
+
+        def zero_grad(self, set_to_none=False):
+            pass
+
+    work = object.__new__(trainer.ReplicaStep)
+    work.params, work.step = params, 1
+    work.cfg, work.attempt = SimpleNamespace(global_batch=4), SimpleNamespace(world_size=1)
+    work.state = SimpleNamespace(optimizer=Seen(), data=SimpleNamespace(position=0))
+    buckets = work.buckets()
+    # 64 + 16 bytes of float32 (cut at 64), 20 of bfloat16, 40 + 20 of float32
+    assert [(b.dtype, b.nbytes) for b in buckets] == [(torch.float32, 64), (torch.float32, 16), (torch.bfloat16, 20),
+                                                      (torch.float32, 60)]
+    assert all(b.nbytes <= 64 for b in buckets) and sum(b.numel() for b in buckets) == sum(g.numel() for g in grads)
+    buckets[0].fill_(0)  # a copy: .grad is left as computed (an aborted sum's redo adds to it)
+    assert torch.equal(params[0].grad, grads[0])
+    work.reduced = [b * 2 for b in work.buckets()], torch.tensor([6.0], dtype=torch.float64)
+    assert work.apply() == 1.5
+    assert all(torch.equal(seen, (g * 2) * (1 / 4)) for seen, g in zip(work.state.optimizer.grads, grads, strict=True))
 
 
 def _quorum(step, committed):

@@ -80,11 +80,13 @@ class ReplicaStep:
         :data:`BUCKET_BYTES` (copies: an aborted sum leaves ``.grad`` as computed, for the redo)."""
         grads = [_local(p.grad) if p.grad is not None else torch.zeros_like(_local(p)) for p in self.params]
         out: list[list[torch.Tensor]] = []
+        size = 0  # bytes in the last bucket
         for g in grads:
-            last = out[-1] if out else None
-            if last is None or last[0].dtype != g.dtype or sum(t.nbytes for t in last) + g.nbytes > BUCKET_BYTES:
-                out.append(last := [])
-            last.append(g.reshape(-1))
+            if not out or out[-1][0].dtype != g.dtype or size + g.nbytes > BUCKET_BYTES:
+                out.append([])
+                size = 0
+            out[-1].append(g.reshape(-1))
+            size += g.nbytes
         return [torch.cat(b) for b in out]
 
     def apply(self) -> float:
