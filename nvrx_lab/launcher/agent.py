@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import socket
 import subprocess
 import time
 
@@ -56,6 +57,19 @@ rank's loss takes its partners down a moment later (gloo: connection reset; a ha
 collective, their last heartbeats microseconds apart), and which of them a poll sees first is chance. So the
 agent names every worker that failed and judges a usage error on all of their exit codes. It acts as soon as
 every worker has exited or failed: the wait costs time only where a survivor stays up."""
+
+
+def _listen_with_successor(addr: str, tries: int = 50) -> tuple[socket.socket, socket.socket]:
+    """The round store's listening socket on a port whose successor is free too, and a socket holding that successor.
+    The in-process wrapper's store listens on ``MASTER_PORT + 1`` by default; a fresh port's successor was never
+    reserved, and a restarted worker found it taken (``Address already in use``, 1 fresh-clone run in 3)."""
+    for _ in range(tries):
+        sock = listen(addr)  # that address only, not every interface
+        try:
+            return sock, listen(addr, sock.getsockname()[1] + 1)
+        except OSError:
+            sock.close()
+    raise RuntimeError(f"no port on {addr} whose successor is free too in {tries} tries")
 
 
 def _republish_bootstrap(handler) -> None:
@@ -84,6 +98,7 @@ class HeartbeatAgent(LocalElasticAgent):
         _republish_bootstrap(spec.rdzv_handler)
         self.monitors, self.restart_log, self.policy, self.zygote = monitors, restart_log, policy, zygote
         self._round_store: TCPStore | None = None
+        self._successor: socket.socket | None = None  # MASTER_PORT + 1, held free until the round's workers start
         self._tolerated: set[int] = set()
         self._awaiting_ready = False
         self._last_failure: str | None = None  # JSON for the next workers: the failure they restart from
@@ -99,7 +114,9 @@ class HeartbeatAgent(LocalElasticAgent):
         super()._rendezvous(worker_group)
         store = worker_group.store  # prefixed with this round's number by the c10d handler
         if worker_group.group_rank == 0:
-            sock = listen(worker_group.master_addr)  # that address only, not every interface
+            if self._successor is not None:  # a round that started no workers
+                self._successor.close()
+            sock, self._successor = _listen_with_successor(worker_group.master_addr)
             old, self._round_store = self._round_store, TCPStore(
                 host_name=worker_group.master_addr, port=sock.getsockname()[1], is_master=True,
                 wait_for_workers=False, master_listen_fd=sock.detach())
@@ -112,6 +129,9 @@ class HeartbeatAgent(LocalElasticAgent):
     def _start_workers(self, worker_group: WorkerGroup):
         self.monitors.reset()
         self._tolerated.clear()
+        if self._successor is not None:  # for the workers' in-process store, if they run one
+            self._successor.close()
+            self._successor = None
         ids = super()._start_workers(worker_group)
         if self.restart_count > 0:
             self.restart_log.restarted()
