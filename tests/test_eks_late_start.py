@@ -2,8 +2,9 @@
 which hosts the rendezvous store. torch's c10d store client gives up after its 60 s ``read_timeout`` unless the
 rendezvous conf sets one; the manifests set ``rdzv_read_timeout`` (600 s) in the launcher modes.
 
-* ``test_index_0_starts_65_s_late_and_the_job_still_trains`` (default suite): a delay past torch's 60 s with the
-  shipped settings; no pod fails, so no retry is spent.
+* ``test_index_0_starts_65_s_late_and_the_job_still_trains`` (slow: a 65 s wait): a delay past torch's 60 s with
+  the shipped settings; no pod fails, so no retry is spent. The rendered 600 s is checked by ``test_eks.py`` and
+  ``test_eks_p5_timing.py``, and the cause and effect by the quick test below.
 * ``test_the_rendered_read_timeout_is_what_waits`` (default suite, quick): the same wait scaled down shows cause and
   effect both ways: a 25 s delay against a rendered 3 s read timeout costs a failed pod (what 60 s did before), and
   against 60 s costs none (the margins hold when a loaded box takes seconds to start the first pod's launcher).
@@ -35,6 +36,7 @@ def _trained_without_a_retry(run, steps) -> None:
     assert steps == [1, 2, 3]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_index_0_starts_65_s_late_and_the_job_still_trains(tmp_path):
     _trained_without_a_retry(*_late_run(tmp_path, "ft_launcher", 65))

@@ -16,9 +16,29 @@ BAD = ("--seq-len", "16", "--dim", "32", "--n-layers", "1", "--n-heads", "3", "-
 TRAINER_ERROR = "error: --dim 32 / --n-heads 3 must give an even head size"
 
 
-# Every mode as an Indexed Job; as a JobSet (whose rules do not depend on the mode) one torchrun and one launcher mode.
+# Run end to end: one torchrun mode and one launcher mode (the one with the most layers) as Indexed Jobs, and as JobSets
+# (whose rules do not depend on the mode). Every other mode renders the same failure rules and the same wrapper as the
+# one run for its kind of launch (checked below, in milliseconds); its trainer fails the same flags the same way.
 # (The replicas mode is several Jobs, run and reported per group; its usage error is not exercised here yet.)
-CASES = [(m, "job") for m in MODES if not MODES[m].replicated] + [("baseline", "jobset"), ("ft_launcher", "jobset")]
+RUN_FOR = {False: "baseline", True: "ft_launcher+inprocess"}  # MODES[m].uses_launcher -> the mode run for it
+CASES = [(m, "job") for m in RUN_FOR.values()] + [("baseline", "jobset"), ("ft_launcher", "jobset")]
+
+
+def _failure_rules_and_wrapper(mode: str) -> tuple:
+    manifests = render(JobSpec(name="bad", image="i", nodes=2, mode=mode, steps=4, global_batch=16, ckpt_interval=3,
+                               train_extra=BAD))
+    job = next(m for m in manifests if m["kind"] == "Job")
+    script = " ".join(job["spec"]["template"]["spec"]["containers"][0]["args"])
+    wrapper = "nvrx_lab.launcher" if "-m nvrx_lab.launcher" in script else "nvrx_lab.eks.torchrun" \
+        if "-m nvrx_lab.eks.torchrun" in script else None
+    return job["spec"]["podFailurePolicy"], wrapper
+
+
+@pytest.mark.parametrize("mode", [m for m in MODES if not MODES[m].replicated])
+def test_every_mode_renders_the_failure_rules_of_the_mode_run_for_it(mode):
+    rules, wrapper = _failure_rules_and_wrapper(mode)
+    assert wrapper is not None, mode
+    assert (rules, wrapper) == _failure_rules_and_wrapper(RUN_FOR[MODES[mode].uses_launcher])
 
 
 @pytest.mark.timeout(150)

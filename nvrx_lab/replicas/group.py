@@ -30,9 +30,14 @@ from nvrx_lab.net import wait_for
 
 TICK_S = 0.002
 """How often a watched operation looks at its completion, the coordinator's word and its clocks."""
-_abandoned: list[tuple[dist.ProcessGroup, list]] = []
-"""Aborted groups with operations still pending, kept alive until those end: gloo's destructor joins its worker
-threads, and a thread blocked on a hung member would hold the caller (60 s here) until that member exited."""
+_abandoned: list[tuple[dist.ProcessGroup, Callable[[], bool]]] = []
+"""Aborted groups with operations still pending (and what says they ended), kept alive until those end: gloo's
+destructor joins its worker threads, and a thread blocked on a hung member would hold the caller (60 s here) until
+that member exited."""
+
+
+def _nothing_pending() -> bool:
+    return True
 
 
 class StepAborted(RuntimeError):
@@ -72,7 +77,7 @@ class ReplicaGroup:
         self.store = dist.PrefixStore(f"rg/{quorum.qid}/{rank}", store)
         self.device, self.timeout_s = torch.device(device), timeout_s
         self.pg: dist.ProcessGroup | None = None
-        self._pending: list = []  # the works of the operation in progress
+        self._ended: Callable[[], bool] = _nothing_pending  # whether the operation in progress ended
         self._cut = threading.Event()
 
     def connect(self, aborted: Callable[[], bool]) -> ReplicaGroup:
@@ -103,16 +108,16 @@ class ReplicaGroup:
     def close(self) -> None:
         """Leave the group for good (a new quorum has its own): abort it, which waits for no other member, and keep it
         until its pending operations end (they fail once the member they wait on is gone)."""
-        _abandoned[:] = [(pg, works) for pg, works in _abandoned if not all(w.is_completed() for w in works)]
+        _abandoned[:] = [(pg, ended) for pg, ended in _abandoned if not ended()]
         if self.pg is not None:
             pg, self.pg = self.pg, None
             try:
                 pg.abort()
             except RuntimeError:
                 pass
-            if not all(w.is_completed() for w in self._pending):
-                _abandoned.append((pg, self._pending))
-        self._pending = []
+            if not self._ended():
+                _abandoned.append((pg, self._ended))
+        self._ended = _nothing_pending
 
     def all_reduce(self, tensors: list[torch.Tensor], aborted: Callable[[], bool], patience: float,
                    on_stuck: Callable[[], None]) -> None:
@@ -140,15 +145,16 @@ class ReplicaGroup:
     def _wait(self, works: list, aborted: Callable[[], bool], what: str, patience: float = float("inf"),
               on_stuck: Callable[[], None] = lambda: None, point_to_point: bool = False) -> None:
         """Watch ``works`` to their end. Gloo's point-to-point works say they are complete only once waited for, so
-        those are waited for by a thread of their own, which the watch looks at instead (left behind on an abort, it
-        ends when the operation fails)."""
-        self._pending, errors = works, []
+        those are waited for by a thread of their own, which the watch (and :meth:`close`) looks at instead (left
+        behind on an abort, it ends when the operation fails)."""
+        errors: list = []
         if point_to_point:
             waiter = threading.Thread(target=_wait_all, args=(works, errors), daemon=True, name="nvrx-replica-p2p")
             waiter.start()
             done = lambda: not waiter.is_alive()  # noqa: E731
         else:
             done = lambda: all(w.is_completed() for w in works)  # noqa: E731
+        self._ended = done
         self._watch(done, aborted, what, patience, on_stuck)
         try:
             if errors:
