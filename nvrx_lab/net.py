@@ -4,6 +4,7 @@ wait every layer uses instead of a loop of its own."""
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 import time
@@ -13,11 +14,28 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
+PORTS_ENV = "NVRX_LAB_PORTS"
+"""``LO-HI``: pick free ports from these only (each of ``make test``'s workers has its own slice)."""
+
+
 def _pick_range() -> range:
-    """Ports to pick from: outside the kernel's ephemeral range (``ip_local_port_range``). A port the
-    kernel may hand to an outgoing connection can be taken by a client that retries connecting to it
-    before its server listens: Linux then connects the client's socket to itself (a TCP self-connect;
-    the client reads its own requests back, and the server finds the port in use)."""
+    """The ports :func:`free_ports` picks from: ``$NVRX_LAB_PORTS`` if set, else :func:`port_range`."""
+    if not (given := os.environ.get(PORTS_ENV)):
+        return port_range()
+    try:
+        low, high = (int(v) for v in given.split("-"))
+    except ValueError:
+        low = high = -1
+    if not 1024 <= low < high <= 65535:
+        raise ValueError(f"${PORTS_ENV}={given!r}: expected LO-HI, two ports 1024..65535 with LO < HI")
+    return range(low, high + 1)
+
+
+def port_range() -> range:
+    """Ports outside the kernel's ephemeral range (``ip_local_port_range``). A port the kernel may hand to an
+    outgoing connection can be taken by a client that retries connecting to it before its server listens: Linux
+    then connects the client's socket to itself (a TCP self-connect; the client reads its own requests back, and
+    the server finds the port in use)."""
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
             low, high = (int(v) for v in f.read().split())

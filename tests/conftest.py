@@ -2,16 +2,42 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from nvrx_lab.net import free_port_pair
+from nvrx_lab.net import PORTS_ENV, free_port_pair, port_range
 from nvrx_lab.reliability.trainer import curve_problem
 from nvrx_lab.runner import Torchrun, run
 
 ROOT = Path(__file__).resolve().parents[1]
+CELL_MARGIN_S = 30
+
+
+def pytest_configure(config) -> None:
+    """Ports per xdist worker. ``make test`` runs two workers side by side; a test picks a free port, checks it and
+    hands it to a process that binds it seconds later, and the other worker's test could pick the same port meanwhile
+    (a torchrun found its rendezvous port taken, 1 fresh-clone run in 1, and its peer talked to a stranger's server).
+    Each worker picks from a slice of its own (``$NVRX_LAB_PORTS``, which every process it starts inherits)."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if worker and count and PORTS_ENV not in os.environ:
+        pool, index, n = port_range(), int(worker.removeprefix("gw")), int(count)
+        size = len(pool) // n
+        os.environ[PORTS_ENV] = f"{pool.start + index * size}-{pool.start + (index + 1) * size - 1}"
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """A notebook cell's deadline is nbval's ``--nbval-cell-timeout`` (``make test`` collects ``tests`` and
+    ``notebooks`` together): pytest-timeout's suite-wide ``timeout`` (for the tests) ended a long cell first, at
+    180 s, with a dump of pytest's own threads instead of the cell's output. (A ``notebooks/conftest.py`` would be
+    imported as the module ``conftest`` too, and shadow this one in the test modules that import its helpers.)"""
+    cell_s = config.getoption("nbval_cell_timeout", default=None)
+    if cell_s:
+        for item in items:
+            if item.path.suffix == ".ipynb":
+                item.add_marker(pytest.mark.timeout(float(cell_s) + CELL_MARGIN_S))
 
 
 def run_group(cmd: list[str], timeout: float, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import subprocess
 import sys
 import time
@@ -90,3 +91,24 @@ def test_run_ends_when_the_job_exits_and_names_what_still_holds_its_output():
     assert time.monotonic() - t0 < runner.LINGER_S + 10 and res.wall_s < runner.LINGER_S
     assert res.returncode == 0 and "leader done" in res.output
     assert "still held its output 5 s later: killed" in res.output and "time.sleep(300)" in res.output
+
+
+def test_free_ports_come_from_this_workers_slice_and_a_bad_slice_is_named(monkeypatch):
+    """``make test``'s two workers pick ports from slices of their own (``tests/conftest.py``): a port one
+    worker's test checked and handed to a process can never be picked by the other's meanwhile."""
+    from nvrx_lab.net import PORTS_ENV, free_ports, port_range
+
+    if (worker := os.environ.get("PYTEST_XDIST_WORKER")) is not None:  # under xdist (make test): this worker's slice
+        low, high = (int(v) for v in os.environ[PORTS_ENV].split("-"))
+        size = len(port_range()) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+        assert low == port_range().start + int(worker.removeprefix("gw")) * size and high == low + size - 1
+    monkeypatch.setenv(PORTS_ENV, "23000-23099")
+    assert all(23000 <= p <= 23099 for p in free_ports(20)) and len(set(free_ports(20))) == 20
+    first, *_ = free_ports(2, consecutive=True)
+    assert 23000 <= first < 23099
+    monkeypatch.setenv(PORTS_ENV, "9-8")
+    with pytest.raises(ValueError, match=r"\$NVRX_LAB_PORTS='9-8': expected LO-HI"):
+        free_ports(1)
+    monkeypatch.delenv(PORTS_ENV)
+    pool = port_range()
+    assert all(p in pool for p in free_ports(5))
