@@ -7,9 +7,12 @@ The end-to-end runs are real: a coordinator, three torchrun jobs of the trainer,
 
 from __future__ import annotations
 
+import json
 import random
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -18,7 +21,8 @@ from nvrx_lab.faults import parse_schedule
 from nvrx_lab.observe.events import read_events
 from nvrx_lab.replicas import ledger
 from nvrx_lab.replicas.config import ReplicaConfig
-from nvrx_lab.replicas.protocol import Quorum, StepShares, rank_part, share
+from nvrx_lab.replicas.coordinator import Coordinator
+from nvrx_lab.replicas.protocol import VERSION, Quorum, StepShares, layout, rank_part, share
 from nvrx_lab.train.main import main as train_main
 
 TINY = ["--seq-len", "16", "--dim", "32", "--n-layers", "1", "--n-heads", "2", "--hidden-dim", "64",
@@ -289,3 +293,81 @@ def test_the_coordinator_forms_a_quorum_a_step_with_one_message_in_and_one_out_p
     row = measure_replicas(groups=6, ranks=2, steps=8, processes=2, timeout=60)
     assert row["msgs_in_per_replica_step"] == 1 and row["msgs_out_per_replica_step"] == 2
     assert 0 < row["quorum_ms"] <= row["quorum_p95_ms"] and row["coordinator_cpu_ms_per_step"] >= 0  # 10 ms ticks
+
+
+def _founder(coord, replica: int) -> socket.socket:
+    """A group of one rank that said hello and asked for step 1, as a client does; returns the client's end."""
+    ours, theirs = socket.socketpair()
+    assert coord.hello(theirs, {"op": "hello", "version": VERSION, "replica": replica, "ranks": 1, "rank": 0})
+    coord.join(replica, 1, None)
+    return ours
+
+
+def _said(conn: socket.socket) -> list[dict]:
+    conn.settimeout(2)
+    got, buf = [], b""
+    while not got or not buf.endswith(b"\n"):
+        buf += conn.recv(65536)
+        got = buf.splitlines()
+    return [json.loads(line) for line in buf.splitlines()]
+
+
+def test_the_first_quorum_waits_a_bounded_time_then_starts_with_the_groups_that_came(capsys):
+    coord = Coordinator(3, min_replicas=2, first_quorum_timeout=0.3)
+    conns = {r: _founder(coord, r) for r in (0, 1)}
+    coord.check_first_quorum()
+    assert coord.quorum is None  # before the timeout it waits for group 2
+    time.sleep(0.35)
+    coord.check_first_quorum()
+    assert coord.quorum is not None and coord.quorum.members == (0, 1) and coord.quorum.step == 1
+    assert [m["op"] for m in _said(conns[0])] == ["welcome", "quorum"]
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("[nvrx_lab.replicas] the first quorum starts with replica groups [0, 1] of 3: [2] did not "
+                           "join within 0 s (--first-quorum-timeout 0.3)"), line
+    _founder(coord, 2)  # it comes late: a replacement that heals from a live group, not a founder at step 1
+    assert coord.members[2].healing
+
+
+def test_too_few_groups_by_the_first_quorums_timeout_end_the_job_in_one_line(capsys):
+    coord = Coordinator(3, min_replicas=2, first_quorum_timeout=0.2)
+    conn = _founder(coord, 0)
+    time.sleep(0.25)
+    coord.check_first_quorum()
+    assert coord.quorum is None
+    said = _said(conn)
+    assert said[-1]["op"] == "state_lost" and "only 1 of the 3 replica groups ([0]) joined" in said[-1]["why"], said
+    assert "fewer than --min-replicas 2; groups [1, 2] never came" in said[-1]["why"]
+    assert capsys.readouterr().err.count("error:") == 1
+    late = _founder(coord, 1)  # a group that comes after hears the same
+    assert _said(late)[-1]["op"] == "state_lost"
+
+
+def test_a_rank_of_another_protocol_version_is_refused_in_one_line(capsys):
+    coord = Coordinator(2)
+    ours, theirs = socket.socketpair()
+    assert not coord.hello(theirs, {"op": "hello", "version": VERSION + 1, "replica": 0, "ranks": 1, "rank": 0})
+    said = _said(ours)
+    assert [m["op"] for m in said] == ["refused"] and f"protocol version {VERSION + 1}, this coordinator {VERSION}" \
+        in said[0]["why"], said
+    assert not coord.members and capsys.readouterr().err.count("error:") == 1
+
+
+def test_a_group_whose_gradients_have_another_layout_is_refused_by_name(capsys):
+    """Replica 1 runs another --dim: its first join's layout differs from replica 0's, so it is refused (exit 2 in the
+    trainer) and told which settings differ, instead of summing gradients of other shapes."""
+    small, wide = torch.nn.Linear(8, 8), torch.nn.Linear(8, 16)
+    same = layout(dict(small.named_parameters()), 2, global_batch=12, seq_len=16)
+    assert same == layout(dict(torch.nn.Linear(8, 8).named_parameters()), 2, global_batch=12, seq_len=16)
+    assert same["parameters"] == 2 and same["numel"] == 72 and same["dtypes"] == ["float32"]
+    other = layout(dict(wide.named_parameters()), 2, global_batch=12, seq_len=16)
+    coord = Coordinator(2)
+    conns = {}
+    for r, lay in ((0, same), (1, other)):
+        conns[r], theirs = socket.socketpair()
+        assert coord.hello(theirs, {"op": "hello", "version": VERSION, "replica": r, "ranks": 1, "rank": 0})
+        coord.join(r, 1, None, lay)
+    said = _said(conns[1])
+    assert [m["op"] for m in said] == ["welcome", "refused"], said
+    assert "replica 1's model and batch differ from replica 0's" in said[1]["why"] and "'numel': (144, 72)" in said[1]["why"]
+    assert not coord.members[1].alive and coord.quorum is None  # replica 0 waits for a group it can sum with
+    assert capsys.readouterr().err.count("error:") == 1

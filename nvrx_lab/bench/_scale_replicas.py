@@ -21,6 +21,7 @@ import time
 
 from nvrx_lab.net import accepting, free_port, wait_for
 from nvrx_lab.observe.table import median, p95
+from nvrx_lab.replicas.protocol import VERSION
 
 
 def measure_replicas(groups: int, ranks: int, steps: int, processes: int, timeout: float) -> dict:
@@ -72,7 +73,7 @@ def _worker(port: int, lo: int, hi: int, ranks: int, steps: int, timeout: float)
         for r in range(ranks):
             s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            s.sendall((json.dumps({"op": "hello", "replica": g, "rank": r, "ranks": ranks}) + "\n").encode())
+            s.sendall((json.dumps({"op": "hello", "version": VERSION, "replica": g, "rank": r, "ranks": ranks}) + "\n").encode())
             s.setblocking(False)
             socks[g, r] = s
             sel.register(s, selectors.EVENT_READ, [(g, r), b""])

@@ -27,7 +27,7 @@ from nvrx_lab import liveness
 from nvrx_lab.net import wait_for
 
 from .progress import Progress
-from .protocol import Quorum, encode
+from .protocol import VERSION, Quorum, encode
 
 EVICTED_EXIT = 3
 """Exit code of a replica the coordinator dropped as hung (its launcher starts a replacement)."""
@@ -41,8 +41,14 @@ class JobFinished(Exception):
         self.step = step
 
 
+class Refused(RuntimeError):
+    """The coordinator refused this group: another protocol version (another nvrx_lab), or a model whose gradients
+    cannot be summed with the others' (another layout). A usage error: no restart mends it."""
+
+
 class StateLost(RuntimeError):
-    """Every replica group failed before a replacement healed: the job's state is gone (no checkpoint here)."""
+    """The coordinator ended the job: every replica group failed before a replacement healed (the state is gone), or
+    fewer than ``--min-replicas`` groups came within the first quorum's timeout. The message says which."""
 
 
 class ReplicaClient:
@@ -62,9 +68,14 @@ class ReplicaClient:
         self.closed = False
         self.progress: Progress | None = None
         """This rank's unit counter (:mod:`.progress`), which answers the coordinator's probe; set it before training."""
-        self._send({"op": "hello", "replica": replica, "rank": rank, "ranks": ranks})
+        self._refused: str | None = None
+        self._send({"op": "hello", "version": VERSION, "replica": replica, "rank": rank, "ranks": ranks})
         threading.Thread(target=self._read, daemon=True, name="nvrx-replica-reader").start()
         wait_for(self._welcome.is_set, connect_timeout, "the coordinator's welcome", interval=0.01, on_poll=liveness.beat)
+        if self._refused is not None:
+            self.closed = True
+            self.sock.close()
+            raise Refused(self._refused)
         threading.Thread(target=self._beat, args=(beat_s,), daemon=True, name="nvrx-replica-beat").start()
 
     def _send(self, message: dict) -> None:
@@ -85,6 +96,11 @@ class ReplicaClient:
         if op == "welcome":
             self.store_port, self.healing = msg["store_port"], msg["healing"]
             self._welcome.set()
+        elif op == "refused":  # at the hello (another protocol), or the first join (another model: see .coordinator)
+            self._refused = msg["why"]
+            self.closed = True
+            self._welcome.set()
+            self._quorums.put(Refused(msg["why"]))
         elif op == "quorum":
             self._quorums.put(Quorum.from_dict(msg))
         elif op == "abort":
@@ -118,9 +134,10 @@ class ReplicaClient:
     def aborted(self, qid: int) -> bool:
         return qid in self._aborted
 
-    def join(self, step: int, done: int | None) -> None:
-        """Rank 0 of a group: ready for ``step``, and the group finished step ``done`` (None: it did not)."""
-        self._send({"op": "join", "step": step, "done": done})
+    def join(self, step: int, done: int | None, layout: dict | None = None) -> None:
+        """Rank 0 of a group: ready for ``step``, and the group finished step ``done`` (None: it did not); its first
+        join carries the gradients' ``layout`` (:func:`layout`), which the coordinator checks against the others'."""
+        self._send({"op": "join", "step": step, "done": done, **({"layout": layout} if layout is not None else {})})
 
     def next_quorum(self, timeout: float = 3600.0) -> Quorum:
         """The coordinator's next quorum for this replica (every rank gets it); waiting is progress."""
@@ -136,7 +153,7 @@ class ReplicaClient:
         wait_for(arrived, timeout, f"replica {self.replica}'s next quorum", interval=0.0, on_poll=liveness.beat)
         if got[0] is None:
             raise ConnectionError("the coordinator closed the connection")
-        if isinstance(got[0], StateLost):
+        if isinstance(got[0], StateLost | Refused):
             raise got[0]
         if not isinstance(got[0], Quorum):
             raise JobFinished(got[0])

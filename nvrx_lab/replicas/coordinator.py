@@ -11,9 +11,7 @@ step and replica: one request and one answer (O(1)); per fault: one notice to ev
   (its node is gone), or every other member waits for it in the step's reduction and its work makes no progress
   (``stuck``, then :mod:`.probe`). The member is dropped (a hung one is told to exit), the others are told to abort
   the step's reduction, and they redo that step without it, taking its rows of the batch (:class:`~.protocol.StepShares`).
-
-It also hosts the ``TCPStore`` where every quorum's cross-replica process groups meet (:mod:`.group`).
-"""
+Its socket side, and the ``TCPStore`` where every quorum's process group meets (:mod:`.group`): :mod:`.server`."""
 
 from __future__ import annotations
 
@@ -23,14 +21,12 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
-
-import torch.distributed as dist
-
-from nvrx_lab.net import listen
 
 from .probe import Probes
-from .protocol import Quorum, encode
+from .protocol import Quorum, encode, layout_mismatch, version_mismatch
+from .server import serve
+
+FIRST_QUORUM_TIMEOUT_S = 600.0  # as torch's rendezvous: a p5 pod may pull a ~28 GB image for minutes
 
 
 @dataclass
@@ -52,8 +48,11 @@ class Member:
 class Coordinator:
     """The coordinator's state and decisions (:meth:`serve` runs it on a socket)."""
 
-    def __init__(self, replicas: int, min_replicas: int = 1, beat_timeout: float = 5.0, emit=None):
+    def __init__(self, replicas: int, min_replicas: int = 1, beat_timeout: float = 5.0, emit=None,
+                 first_quorum_timeout: float = FIRST_QUORUM_TIMEOUT_S):
         self.expected, self.min_replicas, self.beat_timeout = replicas, min_replicas, beat_timeout
+        self.first_quorum_timeout, self._born = first_quorum_timeout, time.monotonic()
+        self._first_due = False  # the first quorum's wait for every group is over: it starts with --min-replicas
         self.emit = emit or (lambda kind, **f: None)
         self.members: dict[int, Member] = {}
         self.quorum: Quorum | None = None
@@ -61,6 +60,7 @@ class Coordinator:
         self.committed: int | None = None
         self.over = False  # every member trained the last step
         self.state_lost: str | None = None  # why the job cannot go on: every member failed before a replacement healed
+        self.layout: tuple[int, dict] | None = None  # (the replica that set it, the gradients' layout every group must have)
         self.lock = threading.RLock()
         self.store_port = 0
         self._send_locks: dict[socket.socket, threading.Lock] = {}
@@ -69,7 +69,12 @@ class Coordinator:
         self._unjoined: set[int] = set()  # members of the current quorum that have not joined the next step
         self.probes = Probes(self)
 
-    def hello(self, conn: socket.socket, msg: dict) -> None:
+    def hello(self, conn: socket.socket, msg: dict) -> bool:
+        """A rank introduces itself; False: refused (another protocol version), and told why."""
+        if (why := version_mismatch(msg)) is not None:
+            print(f"[nvrx_lab.replicas] error: {why}", file=sys.stderr, flush=True)
+            self._send(conn, {"op": "refused", "why": why})
+            return False
         with self.lock:
             r = msg["replica"]
             m = self.members.get(r)
@@ -77,25 +82,38 @@ class Coordinator:
                 m = self.members[r] = Member(r, msg["ranks"], healing=self.quorum is not None)
             m.conns[msg["rank"]] = conn
             self._send(conn, {"op": "welcome", "store_port": self.store_port, "healing": m.healing})
-            if self.state_lost:
+            if self.state_lost or self.over:  # the job cannot go on, or a replacement came after the last step
                 m.alive = False
-                self._send(conn, {"op": "state_lost", "why": self.state_lost})
-                return
-            if self.over:  # a replacement that comes after the last step
-                m.alive = False
-                self._send(conn, {"op": "finished", "step": self.committed})
-                return
+                self._send(conn, {"op": "state_lost", "why": self.state_lost} if self.state_lost else
+                           {"op": "finished", "step": self.committed})
+                return True
             self._form()
+        return True
 
-    def join(self, replica: int, step: int, done: int | None) -> None:
+    def join(self, replica: int, step: int, done: int | None, layout: dict | None = None) -> None:
         with self.lock:
             m = self.members[replica]
+            if layout is not None and not self._same_layout(m, layout):
+                return
             m.joined, m.stuck = step, False
             if done is not None:
                 m.done = done
             self._unjoined.discard(replica)
             if not self._unjoined or self.aborted:  # while members of the quorum still compute: nothing to decide
                 self._form()
+
+    def _same_layout(self, m: Member, layout: dict) -> bool:
+        """A group's first join carries its gradients' layout: the first one sets it, one that differs is refused (its
+        sums would be garbage, or wedge on a size mismatch) and told which settings differ."""
+        if self.layout is None:
+            self.layout = (m.replica, layout)
+        if (why := layout_mismatch(m.replica, layout, *self.layout)) is None:
+            return True
+        print(f"[nvrx_lab.replicas] error: {why}", file=sys.stderr, flush=True)
+        m.alive = False
+        for conn in m.conns.values():
+            self._send(conn, {"op": "refused", "why": why})
+        return False
 
     def stuck(self, replica: int, qid: int) -> None:
         """A rank of ``replica`` waits too long in quorum ``qid``'s reduction: is every other member waiting for the
@@ -161,9 +179,9 @@ class Coordinator:
         """Form the next quorum if every live member is ready for it."""
         q = self.quorum
         alive = {r: m for r, m in self.members.items() if m.alive and len(m.conns) == m.ranks}
-        if q is None:  # the first quorum: the founding members, all at step 0
-            founders = sorted(r for r, m in alive.items() if m.joined is not None and not m.healing)
-            if len(founders) >= max(self.expected, self.min_replicas):
+        if q is None:  # the first quorum: the founding members, all at step 0 (every group, or enough once it is due)
+            founders = self._founders()
+            if len(founders) >= (self.min_replicas if self._first_due else max(self.expected, self.min_replicas)):
                 self._publish(founders, step=founders and alive[founders[0]].joined, committed=None)
             return
         live = [r for r in q.members if r in alive and not alive[r].healing]  # (not a replacement that said hello)
@@ -182,14 +200,45 @@ class Coordinator:
             if len(live) + len(joiners) >= self.min_replicas:  # else the survivors wait here for replacements
                 self._publish(sorted(live + joiners), step=q.step + 1, committed=q.step, joiners=joiners)
 
+    def _founders(self) -> list[int]:
+        return sorted(r for r, m in self.members.items()
+                      if m.alive and len(m.conns) == m.ranks and m.joined is not None and not m.healing)
+
+    def check_first_quorum(self) -> None:
+        """Past ``first_quorum_timeout`` without a first quorum: start with the groups that came if they are at least
+        ``min_replicas`` (the others join later and heal from them), else end the job; one line either way."""
+        with self.lock:
+            waited = time.monotonic() - self._born
+            if self.quorum is not None or self._first_due or self.state_lost or waited < self.first_quorum_timeout:
+                return
+            self._first_due = True
+            came = self._founders()
+            missing = sorted(set(range(self.expected)) - set(came))
+            self.emit("first_quorum_due", came=came, missing=missing, waited_s=round(waited, 3))
+            if len(came) < self.min_replicas:
+                self._end(f"only {len(came)} of the {self.expected} replica groups ({came}) joined within {waited:.0f} s "
+                          f"(--first-quorum-timeout {self.first_quorum_timeout:g}), fewer than --min-replicas "
+                          f"{self.min_replicas}; groups {missing} never came (a pod still pending? kubectl describe pod)")
+                return
+            print(f"[nvrx_lab.replicas] the first quorum starts with replica groups {came} of {self.expected}: {missing} "
+                  f"did not join within {waited:.0f} s (--first-quorum-timeout {self.first_quorum_timeout:g}); they join "
+                  f"later and heal from a live group", file=sys.stderr, flush=True)
+            self._form()
+
     def _lose_state(self, q: Quorum) -> None:
         """Every member of the last quorum failed and nobody else holds the state: end the job, loudly."""
         if self.state_lost:
             return
-        self.state_lost = (f"every replica group failed by step {q.step} before a replacement could take a live "
-                           f"replica's state (last committed step {self.committed}); nothing is left to heal from")
         self.emit("state_lost", step=q.step, committed=self.committed)
-        print(f"[nvrx_lab.replicas] error: {self.state_lost}", file=sys.stderr, flush=True)
+        self._end(f"every replica group failed by step {q.step} before a replacement could take a live "
+                  f"replica's state (last committed step {self.committed}); nothing is left to heal from")
+
+    def _end(self, why: str) -> None:
+        """The job cannot go on: every rank connected is told why (it exits 1 with that line), and so is any later."""
+        if self.state_lost:
+            return
+        self.state_lost = why
+        print(f"[nvrx_lab.replicas] error: {why}", file=sys.stderr, flush=True)
         for m in self.members.values():
             if m.alive:
                 m.alive = False
@@ -225,58 +274,6 @@ class Coordinator:
             pass  # its reader sees the connection close and reports the loss
 
 
-def _serve_connection(coord: Coordinator, conn: socket.socket) -> None:
-    replica = None
-    try:
-        for line in conn.makefile("rb"):
-            msg = json.loads(line)
-            op = msg.get("op")
-            if op == "hello":
-                replica = msg["replica"]
-                coord.hello(conn, msg)
-            elif op == "join":
-                coord.join(replica, msg["step"], msg.get("done"))
-            elif op == "stuck":
-                coord.stuck(replica, msg["qid"])
-            elif op == "beat":
-                coord.beat(replica)
-            elif op == "progress":
-                coord.probes.answer(replica, msg["rank"], msg["id"], msg)
-            elif op == "fail":
-                coord.lost(replica, conn, f"it failed ({msg['why']})")
-            elif op == "bye":
-                coord.bye(replica)
-    except (OSError, ValueError):
-        pass
-    finally:
-        if replica is not None:
-            coord.lost(replica, conn)
-        conn.close()
-
-
-def serve(coord: Coordinator, host: str, port: int, ready: threading.Event | None = None,
-          stop: threading.Event | None = None, store_port: int = 0) -> None:
-    """Accept ranks on ``host:port`` (and host the groups' store beside it) until ``stop`` is set."""
-    server = listen(host, port)
-    store_sock = listen(host, store_port)  # 0: any free port (a pod's Service names a fixed one)
-    coord.store_port = store_sock.getsockname()[1]
-    store = dist.TCPStore(host, coord.store_port, is_master=True, wait_for_workers=False,  # noqa: F841 - held open
-                          timeout=timedelta(seconds=60), master_listen_fd=store_sock.detach())
-    server.settimeout(0.2)
-    if ready is not None:
-        ready.set()
-    stop = stop or threading.Event()
-    while not stop.is_set():
-        coord.check_beats()
-        try:
-            conn, _ = server.accept()
-        except TimeoutError:
-            continue
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        threading.Thread(target=_serve_connection, args=(coord, conn), daemon=True).start()
-    server.close()
-
-
 def main(argv: list[str] | None = None) -> int:
     from nvrx_lab.cli import Parser
     from nvrx_lab.observe.events import EventLog
@@ -288,9 +285,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replicas", type=int, required=True, help="replica groups of the job (the first quorum waits for all)")
     ap.add_argument("--min-replicas", type=int, default=1, help="fewest replica groups a new step starts with")
     ap.add_argument("--beat-timeout", type=float, default=5.0, help="a member silent this long is gone (s)")
+    ap.add_argument("--first-quorum-timeout", type=float, default=FIRST_QUORUM_TIMEOUT_S,
+                    help="how long the first quorum waits for every group before it starts with --min-replicas (s)")
     ap.add_argument("--metrics", default=None, help="event stream (quorums, losses)")
     a = ap.parse_args(argv)
-    coord = Coordinator(a.replicas, a.min_replicas, a.beat_timeout, emit=EventLog(a.metrics, rank=-1).emit)
+    coord = Coordinator(a.replicas, a.min_replicas, a.beat_timeout, emit=EventLog(a.metrics, rank=-1).emit,
+                        first_quorum_timeout=a.first_quorum_timeout)
     print(f"[nvrx_lab.replicas] coordinator on {a.host}:{a.port}, {a.replicas} replica groups", flush=True)
     serve(coord, a.host, a.port, store_port=a.store_port)
     return 0

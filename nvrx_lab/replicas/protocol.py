@@ -1,27 +1,51 @@
 """What the coordinator and the replicas say to each other, and how a step's batch is shared.
 
-One JSON object a line over one TCP connection a rank (:mod:`.client`, :mod:`.coordinator`). A rank says:
+One JSON object a line over one TCP connection a rank (:mod:`.client`, :mod:`.coordinator`), protocol
+:data:`VERSION`. A rank says:
 
-* ``hello`` — ``{"op": "hello", "replica": R, "rank": K, "ranks": W, "heal": bool}``: who it is (a replica group
-  of ``W`` ranks; ``heal``: it starts without state and must get it from a live replica);
+* ``hello`` — ``{"op": "hello", "version": V, "replica": R, "rank": K, "ranks": W}``: who it is (rank ``K`` of
+  replica group ``R``, which has ``W`` ranks), first and once;
 * ``join`` — group rank 0 only, once a step: ``{"op": "join", "step": s, "done": d}``: the group is ready for step
   ``s``, and finished the cross-replica reduction of step ``d`` (``None``: it did not, or has no step before);
 * ``stuck`` — ``{"op": "stuck", "step": s, "qid": q}``: its reduction of step ``s`` has waited longer than the
   coordinator's patience (the coordinator then looks for who is missing);
+* ``progress`` — ``{"op": "progress", "id": i, "rank": K, "ticks": n, "idle_s": t, "working": bool,
+  "hang_after_s": h}``: the answer to probe ``i``: the units of work its device completed, the seconds since the
+  last, whether it computes, and its hang limit (:mod:`.progress`);
 * ``fail`` — ``{"op": "fail", "why": ...}``: an error is about to end this rank (its replica is dropped now, not
   once its process has exited, which a large process takes tens of milliseconds to do);
-* ``beat`` — a heartbeat, so a silent node (no TCP reset) is noticed too.
+* ``beat`` — ``{"op": "beat"}``, every 0.5 s, so a silent node (no TCP reset) is noticed too;
+* ``bye`` — ``{"op": "bye"}``: the group trained the last step and leaves (no failure).
 
-The coordinator answers a ``join`` with a :class:`Quorum` (``{"op": "quorum", ...}``) once every live member is
-ready, and pushes ``{"op": "abort", "qid": q, "why": ...}`` to every rank when a member of quorum ``q`` failed (its
-connection closed, its heartbeats stopped, or it is the one everybody waits for), and ``{"op": "evict"}`` to the
-ranks of the replica that failed (a hung one exits on it).
+The coordinator says:
+
+* ``welcome`` — ``{"op": "welcome", "store_port": p, "healing": bool}``: the answer to ``hello``: the port of the
+  ``TCPStore`` where every quorum's process group meets (:mod:`.group`), and whether the group starts without state;
+* ``refused`` — ``{"op": "refused", "why": ...}``: the answer to a ``hello`` of another protocol version (the rank
+  exits 2: a usage error);
+* ``quorum`` — a :class:`Quorum`, to every rank of every member, once every live member joined the step;
+* ``abort`` — ``{"op": "abort", "qid": q, "why": ...}``, to every rank, when a member of quorum ``q`` failed (its
+  connection closed, its heartbeats stopped, or it is the one everybody waits for and its work makes no progress);
+* ``evict`` — ``{"op": "evict", "why": ...}``, to the ranks of a member dropped as hung or silent (they exit 3);
+* ``probe`` — ``{"op": "probe", "id": i}``, to the ranks of a suspect: hung or only slow? (:mod:`.probe`);
+* ``finished`` — ``{"op": "finished", "step": s}``: the job ended at step ``s`` before this group could join;
+* ``state_lost`` — ``{"op": "state_lost", "why": ...}``: the job cannot go on (every member failed before a
+  replacement healed, or fewer than ``--min-replicas`` groups came within ``--first-quorum-timeout``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+VERSION = 1
+"""The protocol's version, in every ``hello``: a coordinator refuses ranks of another (another nvrx_lab)."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +78,33 @@ class Quorum:
     def from_dict(cls, d: dict) -> Quorum:
         return cls(d["qid"], d["step"], tuple(d["members"]), d["committed"], d.get("donor"), tuple(d.get("joiners", ())),
                    d.get("epoch", {}))
+
+
+def layout(params: dict[str, torch.Tensor], ranks: int, **settings) -> dict:
+    """What every group must share for its gradients to be summed with the others': the parameters' names, global
+    shapes and dtypes (a digest, and counts a person can compare), the ranks per group and ``settings``."""
+    spec = [(name, list(p.shape), str(p.dtype).removeprefix("torch.")) for name, p in params.items()]
+    digest = hashlib.sha256(json.dumps([spec, ranks, sorted(settings.items())]).encode()).hexdigest()[:16]
+    return {"digest": digest, "parameters": len(spec), "numel": sum(math.prod(s) for _, s, _ in spec),
+            "dtypes": sorted({d for _, _, d in spec}), "ranks": ranks, **settings}
+
+
+def version_mismatch(hello: dict) -> str | None:
+    """Why a ``hello`` cannot be answered (another protocol version: another nvrx_lab), or None."""
+    if hello.get("version") == VERSION:
+        return None
+    return (f"replica {hello.get('replica')} rank {hello.get('rank')} speaks protocol version {hello.get('version')}, "
+            f"this coordinator {VERSION}: run the same nvrx_lab in the coordinator's image and the trainers'")
+
+
+def layout_mismatch(replica: int, layout: dict, first: int, want: dict) -> str | None:
+    """Why group ``replica``'s gradients cannot be summed with group ``first``'s (the settings that differ), or None."""
+    if layout.get("digest") == want.get("digest"):
+        return None
+    differ = {k: (layout.get(k), want.get(k)) for k in sorted((set(want) | set(layout)) - {"digest"})
+              if layout.get(k) != want.get(k)} or {"parameter names": "differ"}
+    return (f"replica {replica}'s model and batch differ from replica {first}'s, so their gradients cannot be summed: "
+            f"{differ} (every group must run the same model flags, --global-batch, --seq-len and ranks per group)")
 
 
 def share(global_batch: int, parts: int, index: int) -> range:

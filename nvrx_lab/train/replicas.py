@@ -30,11 +30,11 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from nvrx_lab.faults import FaultInjector
-from nvrx_lab.replicas.client import JobFinished, ReplicaClient, StateLost
+from nvrx_lab.replicas.client import JobFinished, Refused, ReplicaClient, StateLost
 from nvrx_lab.replicas.group import ReplicaGroup, StepAborted, open_store
 from nvrx_lab.replicas.heal import HEAL_BPS_FLOOR, recv_state, send_state, state_bytes
 from nvrx_lab.replicas.progress import Progress
-from nvrx_lab.replicas.protocol import Quorum, StepShares, rank_part
+from nvrx_lab.replicas.protocol import Quorum, StepShares, layout, rank_part
 from nvrx_lab.train import runs
 from nvrx_lab.train.config import TrainConfig
 from nvrx_lab.train.data import SyntheticTokens
@@ -117,10 +117,14 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def train_replica(cfg: TrainConfig, attempt: Attempt) -> dict:
-    """One replica group's rank, from its first quorum to the last committed step; returns a summary. When every
-    group failed before a replacement healed (the state is gone), one error line and exit 1."""
+    """One replica group's rank, from its first quorum to the last committed step; returns a summary. When the
+    coordinator ends the job (every group failed before a replacement healed, or too few came), one error line and
+    exit 1."""
     try:
         return _train(cfg, attempt)
+    except Refused as e:  # another nvrx_lab than the coordinator's: a usage error, which no restart mends
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
     except StateLost as e:
         print(f"[nvrx_lab.replicas] error: replica {cfg.replicas.replica_id} rank {attempt.rank}: {e}", file=sys.stderr,
               flush=True)
@@ -140,8 +144,10 @@ def _train(cfg: TrainConfig, attempt: Attempt) -> dict:
                              emit=events.emit) if faults else None
     if client.healing:  # off the others' critical path: the first step's costs, before this replica joins
         _warm_up(cfg, state, attempt)
-    if rank == 0:
-        client.join(step=0 if client.healing else 1, done=None)
+    if rank == 0:  # the first join says the gradients' layout: a group of another model is refused, not summed
+        client.join(step=0 if client.healing else 1, done=None,
+                    layout=layout(dict(state.model.named_parameters()), ranks, global_batch=cfg.global_batch,
+                                  seq_len=cfg.model.seq_len))
     try:
         quorum, group, work = client.next_quorum(), None, None
     except JobFinished as e:
