@@ -16,12 +16,15 @@ BAD = ("--seq-len", "16", "--dim", "32", "--n-layers", "1", "--n-heads", "3", "-
 TRAINER_ERROR = "error: --dim 32 / --n-heads 3 must give an even head size"
 
 
-# Run end to end: one torchrun mode and one launcher mode (the one with the most layers) as Indexed Jobs, and as JobSets
-# (whose rules do not depend on the mode). Every other mode renders the same failure rules and the same wrapper as the
-# one run for its kind of launch (checked below, in milliseconds); its trainer fails the same flags the same way.
+# Run end to end in make test: a torchrun mode as an Indexed Job and a launcher mode as a JobSet (whose rules do not
+# depend on the mode); make test-slow adds the launcher mode with the most layers as a Job and the torchrun mode as a
+# JobSet. Every other mode renders the same failure rules and the same wrapper as the one run for its kind of launch
+# (checked below, in milliseconds); its trainer fails the same flags the same way.
 # (The replicas mode is several Jobs, run and reported per group; its usage error is not exercised here yet.)
 RUN_FOR = {False: "baseline", True: "ft_launcher+inprocess"}  # MODES[m].uses_launcher -> the mode run for it
-CASES = [(m, "job") for m in RUN_FOR.values()] + [("baseline", "jobset"), ("ft_launcher", "jobset")]
+SLOW = pytest.mark.slow
+CASES = [("baseline", "job"), ("ft_launcher", "jobset"),
+         pytest.param("ft_launcher+inprocess", "job", marks=SLOW), pytest.param("baseline", "jobset", marks=SLOW)]
 
 
 def _failure_rules_and_wrapper(mode: str) -> tuple:

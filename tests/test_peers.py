@@ -20,6 +20,7 @@ def bench(*args: str, timeout: float) -> subprocess.CompletedProcess:
                           timeout=timeout)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_dcp_async_rows_reuse_a_stager_and_stay_consistent(tmp_path):
     out = tmp_path / "checkpoint.json"

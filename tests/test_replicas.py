@@ -173,12 +173,13 @@ def _losses(out) -> dict[int, float]:
 
 @pytest.mark.timeout(600)
 def test_survivors_train_through_an_exception_a_hang_and_a_kill_on_a_fault_free_curve(tmp_path):
-    """Replica 0 is never hit, so a live replica always holds the state. The survivors redo each faulted step
+    """Replica 0 is never hit, so a live replica always holds the state. The hang keeps a core busy (``hang_spin``,
+    as a synchronize on a hung GPU does): no unit of its work completes, so it is dropped as hung all the same. The survivors redo each faulted step
     without the lost group, and with --min-replicas 3 the next step waits for its replacement, so every fault fires
     at its step and every replacement heals, however slow the box. (With 2, a replacement that started 8 s after its
     fault on a loaded CI box joined after the last step, and its group's next fault never fired.)"""
     steps = 14
-    said = _local(tmp_path / "faults", 3, 1, steps, "1:4:exception,2:7:hang,1:9:sigkill", min_replicas=3)
+    said = _local(tmp_path / "faults", 3, 1, steps, "1:4:exception,2:7:hang_spin,1:9:sigkill", min_replicas=3)
     assert "ledger: 14 committed steps, 0 samples lost, 0 duplicated" in said, said
     _local(tmp_path / "clean", 2, 1, steps)
     faulty, clean = _losses(tmp_path / "faults"), _losses(tmp_path / "clean")
@@ -188,7 +189,7 @@ def test_survivors_train_through_an_exception_a_hang_and_a_kill_on_a_fault_free_
     lost = [e for e in coord if e["kind"] == "replica_lost"]
     # each fault cost its own replica and nobody else (a replacement healing while a member dies restarts once more)
     assert {e["replica"] for e in lost} == {1, 2} and len(lost) >= 3, lost
-    assert any(e["replica"] == 2 and e["why"].startswith("hang") for e in lost), lost
+    assert any(e["replica"] == 2 and "no unit of its work completed" in e["why"] for e in lost), lost
     quorums = [e for e in coord if e["kind"] == "quorum"]
     assert [q["step"] for q in quorums] == sorted(q["step"] for q in quorums)  # never a step back
     redos = sum(1 for a, b in zip(quorums, quorums[1:], strict=False) if a["step"] == b["step"])
@@ -213,24 +214,24 @@ loaded the box, no member may be dropped, and the one that computes 80x slower i
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("kind", [pytest.param("slow", marks=pytest.mark.slow), "slow_sleep"])
 def test_a_slow_replica_is_waited_for_not_dropped(kind, tmp_path):
-    """Replica 1 computes 80x slower from step 5 on, busy (``slow``: its thread spins) or idle (``slow_sleep``: it
-    sleeps, as a host thread waiting on a slow GPU does): the others wait for it, the coordinator looks (its units of
-    work keep completing), says it is slow, and nobody is dropped."""
-    said = _local(tmp_path, 3, 1, 8, f"1:5:{kind}:{SLOW}", model=COMPUTE + PATIENCE)
-    assert "ledger: 8 committed steps, 0 samples lost, 0 duplicated" in said, said
+    """Replica 1 computes 80x slower in steps 5 and 6 (10-20 s each here), busy (``slow``: its thread spins) or idle
+    (``slow_sleep``: it sleeps, as a host thread waiting on a slow GPU does): the others wait for it, the coordinator
+    looks (its units of work keep completing), says it is slow, and nobody is dropped."""
+    said = _local(tmp_path, 3, 1, 6, f"1:5:{kind}:{SLOW}", model=COMPUTE + PATIENCE)
+    assert "ledger: 6 committed steps, 0 samples lost, 0 duplicated" in said, said
     coord = read_events(tmp_path / "coordinator.jsonl")
     assert not [e for e in coord if e["kind"] == "replica_lost"], coord
     slow = [e for e in coord if e["kind"] == "replica_slow"]
     assert any(e["replica"] == 1 and e["step"] >= 5 for e in slow) and all(e["units"] > 0 for e in slow), coord
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("kind", [pytest.param("hang", marks=pytest.mark.slow), "hang_spin"])
+@pytest.mark.parametrize("kind", ["hang", "hang_spin"])
 def test_a_hung_replica_is_dropped_whether_it_sleeps_or_spins(kind, tmp_path):
     """Replica 1 hangs in step 4, asleep (``hang``) or keeping a core busy (``hang_spin``, as a synchronize on a hung
     GPU does): no unit of its work completes, so it is dropped as hung either way, and its replacement heals.
-    (``make test`` runs the GPU-like inverse cases, ``slow_sleep`` and ``hang_spin``; ``hang`` is also in the
-    survivors' test.)"""
+    (``make test`` runs the GPU-like inverse cases: ``slow_sleep`` above, ``hang_spin`` in the survivors' test.)"""
     said = _local(tmp_path, 3, 1, 6, f"1:4:{kind}", model=COMPUTE, min_replicas=3)
     assert "ledger: 6 committed steps, 0 samples lost, 0 duplicated" in said, said
     coord = read_events(tmp_path / "coordinator.jsonl")

@@ -88,7 +88,7 @@ WRAPPED = ROOT / "tests" / "workers" / "wrapped_checkpointer.py"
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("trial", range(3))
+@pytest.mark.parametrize("trial", [0, *(pytest.param(t, marks=pytest.mark.slow) for t in (1, 2))])
 def test_an_async_checkpointer_made_inside_the_wrapped_function_recovers(tmp_path, trial):
     """The pattern a user tries first (issue #32 item 4): on the exception the checkpointer abandons at once
     (the restart log names the exception, not a hang of rank 0), and closing it at the end causes no restart."""

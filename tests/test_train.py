@@ -37,7 +37,7 @@ def test_two_ranks_reproduce_the_loss_curve_bit_for_bit(torchrun, tmp_path):
 
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("flags", [
-    [],
+    pytest.param([], marks=pytest.mark.slow),
     ["--ckpt", "async", "--ckpt-interval", "3", "--local-ckpt-interval", "2"],
     ["--restart", "inprocess", "--ckpt", "async", "--ckpt-interval", "3", "--faults", "1:5:exception"],
 ], ids=["plain", "async+local", "inprocess-restarted"])
