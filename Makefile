@@ -53,8 +53,8 @@ workbook: $(STAMP)
 test: $(STAMP)
 	NVRX_LAB_SMOKE=1 $(PY) -m pytest tests notebooks $(NBVAL) -q -m "not slow" -n 2 --dist loadfile --durations=25
 
-# The long end-to-end runs (a node lost under the launcher, a straggler under load and its restart, a run
-# stopped and resumed against an uninterrupted one).
+# The long end-to-end runs and the variants of those make test runs once per mechanism (a node lost under the
+# launcher, index 0 starting late, the other fault kinds and modes, the repeats): `pytest -m slow`.
 test-slow: $(STAMP)
 	NVRX_LAB_SMOKE=1 $(PY) -m pytest tests -q -m slow
 

@@ -31,6 +31,15 @@ def _pick_range() -> range:
     return range(low, high + 1)
 
 
+def worker_ports(index: int, count: int) -> range:
+    """Slice ``index`` of ``count`` equal slices of :func:`port_range` (one per ``make test`` worker)."""
+    if not 0 <= index < count:
+        raise ValueError(f"worker {index} of {count}: expected 0 <= index < count")
+    pool = port_range()
+    size = len(pool) // count
+    return range(pool.start + index * size, pool.start + (index + 1) * size)
+
+
 def port_range() -> range:
     """Ports outside the kernel's ephemeral range (``ip_local_port_range``). A port the kernel may hand to an
     outgoing connection can be taken by a client that retries connecting to it before its server listens: Linux

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nvrx_lab.net import PORTS_ENV, free_port_pair, port_range
+from nvrx_lab.net import PORTS_ENV, free_port_pair, worker_ports
 from nvrx_lab.reliability.trainer import curve_problem
 from nvrx_lab.runner import Torchrun, run
 
@@ -23,9 +23,8 @@ def pytest_configure(config) -> None:
     Each worker picks from a slice of its own (``$NVRX_LAB_PORTS``, which every process it starts inherits)."""
     worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if worker and count and PORTS_ENV not in os.environ:
-        pool, index, n = port_range(), int(worker.removeprefix("gw")), int(count)
-        size = len(pool) // n
-        os.environ[PORTS_ENV] = f"{pool.start + index * size}-{pool.start + (index + 1) * size - 1}"
+        ports = worker_ports(int(worker.removeprefix("gw")), int(count))
+        os.environ[PORTS_ENV] = f"{ports.start}-{ports.stop - 1}"
 
 
 def pytest_collection_modifyitems(config, items) -> None:
@@ -46,6 +45,17 @@ def run_group(cmd: list[str], timeout: float, env: dict | None = None, cwd: Path
     if res.timed_out:
         pytest.fail(f"timed out after {timeout} s: {' '.join(cmd)}\n{res.output[-4000:]}")
     return subprocess.CompletedProcess(cmd, res.returncode, res.output, None)
+
+
+def in_process(main, *argv: str, capsys) -> subprocess.CompletedProcess:
+    """``main(argv)`` in the test's process (a usage error needs no process of its own), its exit code (the parser's
+    ``SystemExit`` included) and what it printed, as a finished process reports them."""
+    try:
+        code = main(list(argv))
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(argv, code, out, err)
 
 
 def assert_one_curve(events: list[dict], steps: int) -> None:

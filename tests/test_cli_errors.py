@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import in_process
 
 from nvrx_lab.bench.__main__ import available
 from nvrx_lab.bench.__main__ import main as bench_main
@@ -27,16 +28,6 @@ BENCH = ["-m", "nvrx_lab.bench"]
 def cli(*args: str, timeout: float = 60, preexec_fn=None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=preexec_fn)
-
-
-def in_process(main, *argv: str, capsys) -> subprocess.CompletedProcess:
-    """``main(argv)`` here, its exit code and what it printed, as :func:`cli` reports a process's."""
-    try:
-        code = main(list(argv))
-    except SystemExit as e:
-        code = e.code
-    out, err = capsys.readouterr()
-    return subprocess.CompletedProcess(argv, code, out, err)
 
 
 def one_error_line(res: subprocess.CompletedProcess) -> str:
@@ -100,6 +91,7 @@ def test_launcher_metrics_file_that_cannot_be_written_is_one_line(tmp_path, caps
     assert f"--metrics-file {tmp_path / 'file' / 'm.jsonl'} cannot be created: {tmp_path / 'file'} is a file" in line
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_launcher_does_not_retry_a_worker_usage_error():
     """``--ckpt-di`` reaches the trainer under the launcher: one error line from the worker, exit 2, no restart."""

@@ -96,16 +96,19 @@ def test_run_ends_when_the_job_exits_and_names_what_still_holds_its_output():
 def test_free_ports_come_from_this_workers_slice_and_a_bad_slice_is_named(monkeypatch):
     """``make test``'s two workers pick ports from slices of their own (``tests/conftest.py``): a port one
     worker's test checked and handed to a process can never be picked by the other's meanwhile."""
-    from nvrx_lab.net import PORTS_ENV, free_ports, port_range
+    from nvrx_lab.net import PORTS_ENV, free_ports, port_range, worker_ports
 
+    mine = worker_ports(0, 1)
     if (worker := os.environ.get("PYTEST_XDIST_WORKER")) is not None:  # under xdist (make test): this worker's slice
-        low, high = (int(v) for v in os.environ[PORTS_ENV].split("-"))
-        size = len(port_range()) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
-        assert low == port_range().start + int(worker.removeprefix("gw")) * size and high == low + size - 1
-    monkeypatch.setenv(PORTS_ENV, "23000-23099")
-    assert all(23000 <= p <= 23099 for p in free_ports(20)) and len(set(free_ports(20))) == 20
+        mine = worker_ports(int(worker.removeprefix("gw")), int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+        assert os.environ[PORTS_ENV] == f"{mine.start}-{mine.stop - 1}"
+    halves = [worker_ports(i, 2) for i in (0, 1)]
+    assert halves[0].stop <= halves[1].start and all(h.start in port_range() and h.stop - 1 in port_range() for h in halves)
+    low = mine.start + 100  # a hundred ports of this worker's own slice: the other worker never picks them
+    monkeypatch.setenv(PORTS_ENV, f"{low}-{low + 99}")
+    assert all(low <= p <= low + 99 for p in free_ports(20)) and len(set(free_ports(20))) == 20
     first, *_ = free_ports(2, consecutive=True)
-    assert 23000 <= first < 23099
+    assert low <= first < low + 99
     monkeypatch.setenv(PORTS_ENV, "9-8")
     with pytest.raises(ValueError, match=r"\$NVRX_LAB_PORTS='9-8': expected LO-HI"):
         free_ports(1)

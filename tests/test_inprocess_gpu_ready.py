@@ -255,7 +255,7 @@ def test_abort_aborts_nccl_before_cutting_sockets(monkeypatch):
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("nproc", [2, 8])
+@pytest.mark.parametrize("nproc", [2, pytest.param(8, marks=pytest.mark.slow)])
 def test_gloo_sockets_are_tracked_and_the_nccl_connect_is_not(nproc):
     """Every pair's socket, including those gloo connects after ``init_process_group`` returned; and the gloo
     part's collective timeout capped under the hard timeout (30 s asked, 9 s allowed). 8 ranks take 20 s

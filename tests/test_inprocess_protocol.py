@@ -254,7 +254,7 @@ def test_a_restart_spread_over_processes_counts_as_in_one():
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("protocol", ["new", "legacy"])
+@pytest.mark.parametrize("protocol", ["new", pytest.param("legacy", marks=pytest.mark.slow)])
 def test_a_scale_row_that_times_out_is_an_error_and_the_bench_exits_1_cleanly(tmp_path, protocol):
     """Its simulated ranks are left blocked in store calls: the bench closes the store, joins them and exits 1
     (a thread left in a store call would abort the interpreter at exit: "terminate called", rc -6)."""

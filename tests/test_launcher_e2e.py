@@ -41,6 +41,7 @@ def steps_by_restart(events):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_sigkill_then_hang_both_restart_without_standby(tmp_path):
     """Plain torchelastic process start: a SIGKILL (attempt 0) and a hang (attempt 1) both recover."""

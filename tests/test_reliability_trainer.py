@@ -10,8 +10,8 @@ from nvrx_lab.reliability import bad_input, trainer
 
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("case, mode", [
-    (trainer.fault_during_save, "inprocess"),
-    (trainer.fault_during_load, "inprocess"),
+    pytest.param(trainer.fault_during_save, "inprocess", marks=pytest.mark.slow),
+    pytest.param(trainer.fault_during_load, "inprocess", marks=pytest.mark.slow),
     (trainer.fault_during_restart, "launcher+inprocess"),
 ])
 def test_fault_inside_checkpoint_or_restart_machinery_is_recovered_onto_one_curve(tmp_path, case, mode):
@@ -35,6 +35,7 @@ def test_curve_and_resume_checks_catch_what_they_promise():
     assert trainer.resume_problem([{"kind": "ckpt_commit", "step": 2, "t": 2.5, "rank": 0}, *events]) is None
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_bad_checkpoint_folders_and_specs_are_refused_and_nothing_changes(tmp_path):
     row = bad_input.bad_input(tmp_path, only=("ckpt dir", "load", "JobSpec", "launcher: YAML typo", "trainer: fault",

@@ -16,6 +16,7 @@ import time
 
 import pytest
 import torch
+from conftest import in_process
 
 from nvrx_lab.faults import parse_schedule
 from nvrx_lab.observe.events import read_events
@@ -141,13 +142,9 @@ def test_bad_replica_settings_name_the_flag():
 def test_the_trainer_refuses_a_replica_usage_error_in_one_line(flags, names, tmp_path, monkeypatch, capsys):
     """In this process (a real process's console: ``test_cli_errors.py``)."""
     monkeypatch.chdir(tmp_path)
-    try:
-        code = train_main([*TINY, "--steps", "2", *flags])
-    except SystemExit as e:  # the parser's own errors
-        code = e.code
-    err = capsys.readouterr().err
-    errors = [ln for ln in err.splitlines() if ln.startswith("error:") or ": error:" in ln]
-    assert code == 2 and len(errors) == 1 and names in errors[0], err[-2000:]
+    res = in_process(train_main, *TINY, "--steps", "2", *flags, capsys=capsys)
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error:") or ": error:" in ln]
+    assert res.returncode == 2 and len(errors) == 1 and names in errors[0], res.stderr[-2000:]
 
 
 def _local(out, replicas, nproc, steps, faults="", max_restarts=3, timeout=240, min_replicas=1, model=TINY):
@@ -174,10 +171,11 @@ def _losses(out) -> dict[int, float]:
 @pytest.mark.timeout(600)
 def test_survivors_train_through_an_exception_a_hang_and_a_kill_on_a_fault_free_curve(tmp_path):
     """Replica 0 is never hit, so a live replica always holds the state. The hang keeps a core busy (``hang_spin``,
-    as a synchronize on a hung GPU does): no unit of its work completes, so it is dropped as hung all the same. The survivors redo each faulted step
-    without the lost group, and with --min-replicas 3 the next step waits for its replacement, so every fault fires
-    at its step and every replacement heals, however slow the box. (With 2, a replacement that started 8 s after its
-    fault on a loaded CI box joined after the last step, and its group's next fault never fired.)"""
+    as a synchronize on a hung GPU does): no unit of its work completes, so it is dropped as hung all the same. The
+    survivors redo each faulted step without the lost group, and with --min-replicas 3 the next step waits for its
+    replacement, so every fault fires at its step and every replacement heals, however slow the box. (With 2, a
+    replacement that started 8 s after its fault on a loaded CI box joined after the last step, and its group's next
+    fault never fired.)"""
     steps = 14
     said = _local(tmp_path / "faults", 3, 1, steps, "1:4:exception,2:7:hang_spin,1:9:sigkill", min_replicas=3)
     assert "ledger: 14 committed steps, 0 samples lost, 0 duplicated" in said, said

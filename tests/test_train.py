@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import in_process
 
 from nvrx_lab.observe.events import read_events
 from nvrx_lab.train.main import main as train_main
@@ -38,7 +39,7 @@ def test_two_ranks_reproduce_the_loss_curve_bit_for_bit(torchrun, tmp_path):
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("flags", [
     pytest.param([], marks=pytest.mark.slow),
-    ["--ckpt", "async", "--ckpt-interval", "3", "--local-ckpt-interval", "2"],
+    pytest.param(["--ckpt", "async", "--ckpt-interval", "3", "--local-ckpt-interval", "2"], marks=pytest.mark.slow),
     ["--restart", "inprocess", "--ckpt", "async", "--ckpt-interval", "3", "--faults", "1:5:exception"],
 ], ids=["plain", "async+local", "inprocess-restarted"])
 def test_no_group_thread_outlives_the_trainer(torchrun, tmp_path, flags):
@@ -75,12 +76,9 @@ def test_bad_config_names_the_flag(flags, message, monkeypatch, capsys):
     parser's other cases: ``test_cli_errors.py``)."""
     for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}.items():
         monkeypatch.setenv(name, value)
-    try:
-        code = train_main([*SMALL, *flags])
-    except SystemExit as e:  # the parser's own errors
-        code = e.code
-    assert code == 2
-    assert f"error: {message}" in capsys.readouterr().err
+    res = in_process(train_main, *SMALL, *flags, capsys=capsys)
+    assert res.returncode == 2
+    assert f"error: {message}" in res.stderr
 
 
 def test_help_lists_every_field_with_its_docstring():
