@@ -183,8 +183,3 @@ class CheckpointManager:
         finally:
             if self.local is not None:
                 self.local.close(keep=True)
-
-    def keep_local(self) -> None:
-        """The in-process wrapper gave up (a launcher may restart this process): close, keeping the local copies."""
-        if self.local is not None:
-            self.local.close(keep=True)

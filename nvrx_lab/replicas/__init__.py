@@ -11,6 +11,8 @@ members change, watched so that no failure wedges a rank), and a coordinator for
   with its rows of the batch (:class:`.protocol.StepShares`), so the global batch stays what the config says;
 * its launcher starts a replacement, which takes a live group's state over a connection of its own (:mod:`.heal`) and
   joins at a step boundary; nobody reloads a checkpoint;
+* a lost coordinator (its process or node) costs a reconnect, not the training: the ranks reach its replacement at
+  the same address and it goes on from the last committed step they report (:mod:`.admission`);
 * every rank writes which rows it contributed; :mod:`.ledger` checks every sample of every committed step was
   trained exactly once.
 

@@ -11,6 +11,13 @@
 The reader thread takes the coordinator's answers (a quorum for each rank of a member), its abort notices (a
 member of this quorum failed: :meth:`aborted` turns true, and the abort callback cuts the reduction's sockets at
 once) and an eviction (this replica hangs, as everyone else saw: the process exits, for its launcher to replace).
+
+When the connection breaks (the coordinator's process restarted, or its node went silent: the socket's
+``TCP_USER_TIMEOUT`` ends a connection whose heartbeats go unacknowledged for :data:`SILENT_S`), the reader reconnects
+to the same address with backoff for ``reconnect_timeout``, says ``hello`` again with this rank's
+:class:`~.protocol.Position` (a restarted coordinator rebuilds the quorum from them: :mod:`.admission`) and sends
+again a ``join`` that was never answered. Training waits at its next quorum meanwhile; only when no coordinator
+answers in time does :meth:`next_quorum` raise ``ConnectionError``.
 """
 
 from __future__ import annotations
@@ -21,13 +28,22 @@ import queue
 import socket
 import sys
 import threading
+import time
+import uuid
 from collections.abc import Callable
 
 from nvrx_lab import liveness
 from nvrx_lab.net import wait_for
 
 from .progress import Progress
-from .protocol import VERSION, Quorum, encode
+from .protocol import VERSION, Position, Quorum, encode
+
+RECONNECT_S = 600.0
+"""How long a rank tries to reach a restarted coordinator (``--replica-reconnect-timeout``): a pod rescheduled on EKS
+takes tens of seconds, minutes on a node that first pulls the image."""
+SILENT_S = 10
+"""Seconds of unacknowledged data (heartbeats every 0.5 s) after which a connection is given up as dead: a
+coordinator's node lost without a reset is noticed in seconds, not after TCP's ~15 minutes of retries."""
 
 EVICTED_EXIT = 3
 """Exit code of a replica the coordinator dropped as hung (its launcher starts a replacement)."""
@@ -53,8 +69,16 @@ class StateLost(RuntimeError):
 
 class ReplicaClient:
     def __init__(self, host: str, port: int, replica: int, rank: int, ranks: int, beat_s: float = 0.5,
-                 connect_timeout: float = 600.0):
+                 connect_timeout: float = 600.0, reconnect_timeout: float = RECONNECT_S):
         self.replica, self.rank, self.ranks = replica, rank, ranks
+        self.address, self.reconnect_timeout = (host, port), reconnect_timeout
+        self.incarnation = uuid.uuid4().hex[:12]
+        self.position = Position()
+        """Where this rank stands (its trainer updates ``committed``): a restarted coordinator rebuilds from it."""
+        self.reconnects = 0
+        self._join: tuple[dict, socket.socket] | None = None  # the join not yet answered, and the connection it went on
+        self._layout: dict | None = None  # the gradients' layout, which the first join to each coordinator carries
+        self._layout_due = False
         self.sock = wait_for(lambda: _connect(host, port), connect_timeout, f"the coordinator at {host}:{port}",
                              interval=0.2)
         self._send_lock = threading.Lock()
@@ -69,7 +93,7 @@ class ReplicaClient:
         self.progress: Progress | None = None
         """This rank's unit counter (:mod:`.progress`), which answers the coordinator's probe; set it before training."""
         self._refused: str | None = None
-        self._send({"op": "hello", "version": VERSION, "replica": replica, "rank": rank, "ranks": ranks})
+        self._hello()
         threading.Thread(target=self._read, daemon=True, name="nvrx-replica-reader").start()
         wait_for(self._welcome.is_set, connect_timeout, "the coordinator's welcome", interval=0.01, on_poll=liveness.beat)
         if self._refused is not None:
@@ -82,14 +106,52 @@ class ReplicaClient:
         with self._send_lock:
             self.sock.sendall(encode(message))
 
+    def _hello(self) -> None:
+        self._send({"op": "hello", "version": VERSION, "replica": self.replica, "rank": self.rank, "ranks": self.ranks,
+                    "incarnation": self.incarnation, **self.position.hello()})
+
     def _read(self) -> None:
-        try:
-            for line in self.sock.makefile("rb"):
-                self._dispatch(json.loads(line))
-        except (OSError, ValueError):
-            pass
-        if not self.closed:  # the coordinator is gone: nothing can commit any more
+        while True:
+            try:
+                for line in self.sock.makefile("rb"):
+                    self._dispatch(json.loads(line))
+            except (OSError, ValueError):
+                pass
+            if self.closed or not self._reconnect():
+                break
+        if not self.closed:  # no coordinator answers: nothing can commit any more
             self._quorums.put(None)
+
+    def _reconnect(self) -> bool:
+        """The connection broke: reach a coordinator at the same address again (a restarted one), say hello with this
+        rank's position, and send again the join it never answered. False: none answered in time."""
+        host, port = self.address
+        print(f"[nvrx_lab.replicas] replica {self.replica} rank {self.rank}: lost the coordinator at {host}:{port}; "
+              f"reconnecting for up to {self.reconnect_timeout:g} s (at committed step {self.position.committed})",
+              file=sys.stderr, flush=True)
+        self.sock.close()
+        deadline, delay, sock = time.monotonic() + self.reconnect_timeout, 0.05, None
+        while not self.closed and (sock := _connect(host, port)) is None and time.monotonic() < deadline:
+            threading.Event().wait(delay)  # a backoff between attempts, not a wait for an event
+            delay = min(2 * delay, 1.0)
+        if sock is None:
+            print(f"[nvrx_lab.replicas] replica {self.replica} rank {self.rank}: no coordinator at {host}:{port} within "
+                  f"{self.reconnect_timeout:g} s", file=sys.stderr, flush=True)
+            return False
+        with self._send_lock:
+            self.sock = sock
+            self.reconnects += 1
+            self._layout_due = self._layout is not None
+        try:
+            self._hello()
+            with self._send_lock:
+                if self._join is not None and self._join[1] is not sock:
+                    message = {**self._join[0], **({"layout": self._layout} if self._layout_due else {})}
+                    sock.sendall(encode(message))
+                    self._join, self._layout_due = (message, sock), False
+        except OSError:
+            pass  # broke again at once: the next read fails and reconnects
+        return True
 
     def _dispatch(self, msg: dict) -> None:
         op = msg["op"]
@@ -102,6 +164,9 @@ class ReplicaClient:
             self._welcome.set()
             self._quorums.put(Refused(msg["why"]))
         elif op == "quorum":
+            with self._send_lock:
+                self._join = None
+            self.position.qid = msg["qid"]
             self._quorums.put(Quorum.from_dict(msg))
         elif op == "abort":
             self._aborted.add(msg["qid"])
@@ -128,7 +193,7 @@ class ReplicaClient:
             try:
                 self._send({"op": "beat"})
             except OSError:
-                return
+                pass  # the reader reconnects (or gives up, and this rank fails)
             threading.Event().wait(every)
 
     def aborted(self, qid: int) -> bool:
@@ -136,8 +201,18 @@ class ReplicaClient:
 
     def join(self, step: int, done: int | None, layout: dict | None = None) -> None:
         """Rank 0 of a group: ready for ``step``, and the group finished step ``done`` (None: it did not); its first
-        join carries the gradients' ``layout`` (:func:`layout`), which the coordinator checks against the others'."""
-        self._send({"op": "join", "step": step, "done": done, **({"layout": layout} if layout is not None else {})})
+        join carries the gradients' ``layout`` (:func:`layout`), which the coordinator checks against the others'.
+        Sent again after a reconnect until a quorum answers it (a restarted coordinator checks the layout too)."""
+        message = {"op": "join", "step": step, "done": done}
+        with self._send_lock:
+            if layout is not None or self._layout_due:  # the first join, and the first to a restarted coordinator
+                self._layout = message["layout"] = layout or self._layout
+                self._layout_due = False
+            self._join = (message, self.sock)
+            try:
+                self.sock.sendall(encode(message))
+            except OSError:
+                pass  # the reader reconnects and sends it
 
     def next_quorum(self, timeout: float = 3600.0) -> Quorum:
         """The coordinator's next quorum for this replica (every rank gets it); waiting is progress."""
@@ -160,7 +235,10 @@ class ReplicaClient:
         return got[0]
 
     def stuck(self, step: int, qid: int) -> None:
-        self._send({"op": "stuck", "step": step, "qid": qid})
+        try:
+            self._send({"op": "stuck", "step": step, "qid": qid})
+        except OSError:
+            pass  # no coordinator now: the reduction's own timeout bounds the wait
 
     def fail(self, why: str) -> None:
         """This rank failed (an error it will exit with): the coordinator drops its replica at once."""
@@ -185,4 +263,10 @@ def _connect(host: str, port: int) -> socket.socket | None:
         return None
     sock.settimeout(None)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if hasattr(socket, "TCP_USER_TIMEOUT"):  # Linux: unacknowledged data for SILENT_S ends the connection
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, SILENT_S * 1000)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)  # and probes while nothing is sent
+    for opt, value in (("TCP_KEEPIDLE", 2), ("TCP_KEEPINTVL", 1), ("TCP_KEEPCNT", SILENT_S - 2)):
+        if hasattr(socket, opt):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
     return sock

@@ -28,14 +28,19 @@ class ReplicaConfig(Settings):
     backward, an optimizer step, as the device vouches) before its group is dropped as hung; 0: ten times the longest
     such gap in a finished step, at least 3 s (nvrx_lab.replicas.progress)."""
 
+    reconnect_timeout: float = field(default=600.0, metadata={"flag": "replica-reconnect-timeout"})
+    """Seconds a rank tries to reach the coordinator again when it is lost (its pod rescheduled, perhaps onto a node
+    that first pulls the image); the restarted one goes on from the last committed step (nvrx_lab.replicas.admission)."""
+
     def __post_init__(self):
         if self.replicas < 1 or not 0 <= self.replica_id < self.replicas:
             raise ValueError(f"--replica-id {self.replica_id} must be in 0..--replicas - 1 (--replicas {self.replicas})")
         for flag, value in (("--replica-patience", self.patience), ("--replica-hang-timeout", self.hang_timeout)):
             if not 0 <= value < float("inf"):
                 raise ValueError(f"{flag} must be >= 0 seconds (0: derived), got {value}")
-        if not 0 < self.timeout < float("inf"):
-            raise ValueError(f"--replica-timeout must be > 0 seconds, got {self.timeout}")
+        for flag, value in (("--replica-timeout", self.timeout), ("--replica-reconnect-timeout", self.reconnect_timeout)):
+            if not 0 < value < float("inf"):
+                raise ValueError(f"{flag} must be > 0 seconds, got {value}")
         if self.coordinator and (":" not in self.coordinator or not self.coordinator.rsplit(":", 1)[1].isdigit()):
             raise ValueError(f"--coordinator {self.coordinator!r} must be HOST:PORT")
 

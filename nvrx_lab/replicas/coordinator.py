@@ -22,6 +22,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from .admission import Admission
 from .probe import Probes
 from .protocol import Quorum, encode, layout_mismatch, version_mismatch
 from .server import serve
@@ -43,6 +44,13 @@ class Member:
     stuck: bool = False
     finished: bool = False  # trained the last step and said bye
     last_beat: float = field(default_factory=time.monotonic)
+    committed: dict[int, int | None] = field(default_factory=dict)  # per rank: the last step it applied, as it said
+    incarnation: dict[int, str] = field(default_factory=dict)  # per rank: its process (a replacement's is new)
+
+    def held(self) -> int | None:
+        """The last step every rank of the group applied (None: one holds no trained state)."""
+        steps = [self.committed.get(k) for k in range(self.ranks)]
+        return None if None in steps else min(steps)
 
 
 class Coordinator:
@@ -51,8 +59,7 @@ class Coordinator:
     def __init__(self, replicas: int, min_replicas: int = 1, beat_timeout: float = 5.0, emit=None,
                  first_quorum_timeout: float = FIRST_QUORUM_TIMEOUT_S):
         self.expected, self.min_replicas, self.beat_timeout = replicas, min_replicas, beat_timeout
-        self.first_quorum_timeout, self._born = first_quorum_timeout, time.monotonic()
-        self._first_due = False  # the first quorum's wait for every group is over: it starts with --min-replicas
+        self.admission = Admission(replicas, min_replicas, first_quorum_timeout)  # the first quorum (.admission)
         self.emit = emit or (lambda kind, **f: None)
         self.members: dict[int, Member] = {}
         self.quorum: Quorum | None = None
@@ -70,17 +77,23 @@ class Coordinator:
         self.probes = Probes(self)
 
     def hello(self, conn: socket.socket, msg: dict) -> bool:
-        """A rank introduces itself; False: refused (another protocol version), and told why."""
+        """A rank introduces itself (first, or again after this coordinator restarted: :mod:`.admission`); False:
+        refused (another protocol version), and told why. A new process for a rank of a live group means the old one
+        was replaced behind the coordinator's back (a node lost before its heartbeats timed out): the old group is
+        dropped first, and told to exit if it still listens, so a zombie never trains beside its replacement."""
         if (why := version_mismatch(msg)) is not None:
             print(f"[nvrx_lab.replicas] error: {why}", file=sys.stderr, flush=True)
             self._send(conn, {"op": "refused", "why": why})
             return False
         with self.lock:
-            r = msg["replica"]
+            r, rank, who = msg["replica"], msg["rank"], msg.get("incarnation", "")
             m = self.members.get(r)
+            if m is not None and m.alive and m.incarnation.get(rank, who) != who:
+                self._fail(m, f"rank {rank} is another process now (replaced)", evict=True)
             if m is None or not m.alive:  # a new replica, or the replacement of a failed one
                 m = self.members[r] = Member(r, msg["ranks"], healing=self.quorum is not None)
-            m.conns[msg["rank"]] = conn
+            self.admission.hello(msg)
+            m.conns[rank], m.committed[rank], m.incarnation[rank] = conn, msg.get("committed"), who
             self._send(conn, {"op": "welcome", "store_port": self.store_port, "healing": m.healing})
             if self.state_lost or self.over:  # the job cannot go on, or a replacement came after the last step
                 m.alive = False
@@ -115,20 +128,6 @@ class Coordinator:
             self._send(conn, {"op": "refused", "why": why})
         return False
 
-    def stuck(self, replica: int, qid: int) -> None:
-        """A rank of ``replica`` waits too long in quorum ``qid``'s reduction: is every other member waiting for the
-        same few? Those are suspects: :mod:`.probe` drops those whose work makes no progress."""
-        with self.lock:
-            if self.quorum is None or qid != self.quorum.qid or self.aborted:
-                return
-            live = [self.members[r] for r in self.quorum.members if self.members[r].alive]
-            if any(m.joined == self.quorum.step + 1 for m in live):  # one finished the reduction: so did every member
-                return                                               # (a report sent just before it completed)
-            self.members[replica].stuck = True
-            culprits = [m for m in live if not m.stuck]  # no more than the waiters: one merely slower than the first
-            if culprits and len(culprits) <= len(live) - len(culprits):  # to wait may wait too; hung or slow? (.probe)
-                self.probes.suspect(qid, culprits)
-
     def beat(self, replica: int) -> None:
         if (m := self.members.get(replica)) is not None: m.last_beat = time.monotonic()  # noqa: E701 (a float store)
 
@@ -150,7 +149,7 @@ class Coordinator:
         with self.lock:
             m = self.members.get(replica)
             if m is not None and m.alive and any(c is conn for c in m.conns.values()):
-                self._fail(m, why)
+                self._fail(m, why, evict=True)  # its other ranks, if alive (one connection broke), exit for a replacement
 
     def check_beats(self) -> None:
         with self.lock:
@@ -179,10 +178,10 @@ class Coordinator:
         """Form the next quorum if every live member is ready for it."""
         q = self.quorum
         alive = {r: m for r, m in self.members.items() if m.alive and len(m.conns) == m.ranks}
-        if q is None:  # the first quorum: the founding members, all at step 0 (every group, or enough once it is due)
-            founders = self._founders()
-            if len(founders) >= (self.min_replicas if self._first_due else max(self.expected, self.min_replicas)):
-                self._publish(founders, step=founders and alive[founders[0]].joined, committed=None)
+        if q is None:  # the first quorum: every group, or enough once it is due (.admission)
+            if (first := self.admission.plan(self.members)) is not None:
+                self._qid = max(self._qid, self.admission.top_qid)
+                self._publish(first.members, first.step, first.committed, first.joiners, resumed=first.resumed)
             return
         live = [r for r in q.members if r in alive and not alive[r].healing]  # (not a replacement that said hello)
         if not live and not self.over and not any(m.alive and not m.healing for m in self.members.values()):
@@ -200,29 +199,24 @@ class Coordinator:
             if len(live) + len(joiners) >= self.min_replicas:  # else the survivors wait here for replacements
                 self._publish(sorted(live + joiners), step=q.step + 1, committed=q.step, joiners=joiners)
 
-    def _founders(self) -> list[int]:
-        return sorted(r for r, m in self.members.items()
-                      if m.alive and len(m.conns) == m.ranks and m.joined is not None and not m.healing)
-
     def check_first_quorum(self) -> None:
         """Past ``first_quorum_timeout`` without a first quorum: start with the groups that came if they are at least
         ``min_replicas`` (the others join later and heal from them), else end the job; one line either way."""
         with self.lock:
-            waited = time.monotonic() - self._born
-            if self.quorum is not None or self._first_due or self.state_lost or waited < self.first_quorum_timeout:
+            adm = self.admission
+            if self.quorum is not None or self.state_lost or not adm.overdue():
                 return
-            self._first_due = True
-            came = self._founders()
+            came, waited = (adm.connected if adm.resuming else adm.ready)(self.members), adm.waited()
             missing = sorted(set(range(self.expected)) - set(came))
-            self.emit("first_quorum_due", came=came, missing=missing, waited_s=round(waited, 3))
+            self.emit("first_quorum_due", came=came, missing=missing, waited_s=round(waited, 3), resumed=adm.resuming)
             if len(came) < self.min_replicas:
                 self._end(f"only {len(came)} of the {self.expected} replica groups ({came}) joined within {waited:.0f} s "
-                          f"(--first-quorum-timeout {self.first_quorum_timeout:g}), fewer than --min-replicas "
-                          f"{self.min_replicas}; groups {missing} never came (a pod still pending? kubectl describe pod)")
+                          f"({adm.timeout_flag()}), fewer than --min-replicas {self.min_replicas}; groups {missing} "
+                          f"never came (a pod still pending? kubectl describe pod)")
                 return
             print(f"[nvrx_lab.replicas] the first quorum starts with replica groups {came} of {self.expected}: {missing} "
-                  f"did not join within {waited:.0f} s (--first-quorum-timeout {self.first_quorum_timeout:g}); they join "
-                  f"later and heal from a live group", file=sys.stderr, flush=True)
+                  f"did not join within {waited:.0f} s ({adm.timeout_flag()}); they join later and heal from a live "
+                  f"group", file=sys.stderr, flush=True)
             self._form()
 
     def _lose_state(self, q: Quorum) -> None:
@@ -246,18 +240,19 @@ class Coordinator:
                     self._send(conn, {"op": "state_lost", "why": self.state_lost})
 
     def _publish(self, members: list[int], step: int, committed: int | None, joiners: list[int] = (),
-                 fresh: bool = False) -> None:
+                 fresh: bool = False, resumed: bool = False) -> None:
         prev = self.quorum
         self._qid += prev is None or fresh or tuple(members) != prev.members
         now = time.monotonic()
         epoch = {"formed_s": round(now - self._formed_at, 6), "lost": sorted(set(prev.members) - set(members)) if prev else []}
         donor = next((r for r in members if r not in joiners), None) if joiners else None
-        self.quorum = Quorum(self._qid, step, tuple(members), committed, donor, tuple(joiners), epoch)
+        self.quorum = Quorum(self._qid, step, tuple(members), committed, donor, tuple(joiners), epoch, resumed)
         self.aborted, self._formed_at = False, now
         self.committed = committed if committed is not None else self.committed
         for r in joiners:
             self.members[r].healing = False
-        self.emit("quorum", qid=self._qid, step=step, members=list(members), committed=committed, joiners=list(joiners))
+        self.emit("quorum", qid=self._qid, step=step, members=list(members), committed=committed, joiners=list(joiners),
+                  **({"resumed": True} if resumed else {}))
         message, self._unjoined = encode(json.loads(self.quorum.to_json())), set(members)  # encoded once
         for r in members:
             m = self.members[r]

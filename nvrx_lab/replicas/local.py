@@ -7,7 +7,10 @@
 Each replica group is ``torchrun --max-restarts K -m nvrx_lab.train --restart replicas --replica-id R ...`` with its
 event stream at ``OUT/replica<R>.jsonl`` and output at ``OUT/replica<R>.log``; torchrun replaces a failed group's
 workers (the replacement heals from a live replica). The coordinator runs in this process (on EKS: a Deployment
-behind a Service) and writes ``OUT/coordinator.jsonl``. The arguments after ``--`` go to every group's trainer; a
+behind a Service) and writes ``OUT/coordinator.jsonl``; ``--coordinator-fault STEP[:DELAY]`` crashes it once step
+``STEP`` is committed (every connection and its store close, as when its process dies) and starts a new one on the same
+address ``DELAY`` seconds later (1 s by default), as a restarted pod behind its Service: the ranks reconnect and it
+rebuilds the quorum from what they report (:mod:`.admission`). The arguments after ``--`` go to every group's trainer; a
 fault's rank counts across the groups (replica id x ``--nproc`` + rank). At the end: one line per group, the
 ledger's line (:mod:`.ledger`), and the exit code of the worst group.
 """
@@ -15,8 +18,10 @@ ledger's line (:mod:`.ledger`), and the exit code of the worst group.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -28,7 +33,8 @@ from nvrx_lab.observe.events import EventLog
 from nvrx_lab.runner import LOOPBACK, Torchrun, trainer
 
 from . import ledger
-from .coordinator import Coordinator, serve
+from .coordinator import Coordinator
+from .server import serve
 
 GROUP_ENV = {"OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 """A group's torchrun: one torch thread a worker; a store of its own for each restart round (torchrun's shared one
@@ -43,16 +49,56 @@ def group_argv(replica: int, replicas: int, nproc: int, coordinator: str, out: P
     return Torchrun.c10d(nproc, max_restarts=max_restarts, monitor_interval=0.1).argv(worker)
 
 
+class CoordinatorHost:
+    """The coordinator in this process, on a fixed port; :meth:`crash` does to its ranks what its process dying does."""
+
+    def __init__(self, replicas: int, min_replicas: int, events: Path):
+        self.replicas, self.min_replicas, self.events = replicas, min_replicas, events
+        self.port = free_port()
+        self.start()
+
+    def start(self) -> None:
+        self.coord = Coordinator(self.replicas, self.min_replicas, emit=EventLog(self.events, rank=-1).emit)
+        ready, self.stop = threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=serve, args=(self.coord, LOOPBACK, self.port, ready, self.stop), daemon=True)
+        self.thread.start()
+        wait_for(ready.is_set, 30, "the coordinator to listen")
+
+    def crash(self) -> None:
+        """The listening socket and the groups' store close, then every connection: a rank that reconnects at once
+        finds nobody (not the dying coordinator), and the dead one decides nothing more (its reader threads find no
+        member to drop)."""
+        self.stop.set()
+        self.thread.join(10)  # serve() returns: its server socket closes and its TCPStore is released
+        with self.coord.lock:
+            conns = [c for m in self.coord.members.values() for c in m.conns.values()]
+            self.coord.members, self.coord.emit = {}, lambda kind, **f: None
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+
+    def fail_at(self, step: int, delay: float, deadline: float) -> None:
+        """Crash once ``step`` is committed, and start a new coordinator ``delay`` seconds later (one line each)."""
+        try:
+            wait_for(lambda: (self.coord.committed or 0) >= step, deadline, f"step {step} to commit", interval=0.05)
+        except TimeoutError:
+            return  # the job ended first
+        self.crash()
+        print(f"[nvrx_lab.replicas] FAULT coordinator killed after committed step {self.coord.committed}; a new one "
+              f"starts on port {self.port} in {delay:g} s", flush=True)
+        threading.Event().wait(delay)  # the restarted pod's start-up
+        self.start()
+
+
 def run_local(replicas: int, nproc: int, out: Path, train_args: list[str], max_restarts: int = 3,
-              timeout: float = 600.0, min_replicas: int = 1) -> int:
+              timeout: float = 600.0, min_replicas: int = 1, coordinator_fault: tuple[int, float] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     for old in [*out.glob("replica*.jsonl"), *out.glob("replica*.faults.jsonl"), out / "coordinator.jsonl"]:
         old.unlink(missing_ok=True)
-    coord = Coordinator(replicas, min_replicas, emit=EventLog(out / "coordinator.jsonl", rank=-1).emit)
-    ready, stop = threading.Event(), threading.Event()
-    port = free_port()
-    threading.Thread(target=serve, args=(coord, LOOPBACK, port, ready, stop), daemon=True).start()
-    wait_for(ready.is_set, 30, "the coordinator to listen")
+    host = CoordinatorHost(replicas, min_replicas, out / "coordinator.jsonl")
+    port = host.port
+    if coordinator_fault is not None:
+        threading.Thread(target=host.fail_at, args=(*coordinator_fault, timeout), daemon=True).start()
     procs = []
     try:
         for r in range(replicas):
@@ -66,7 +112,7 @@ def run_local(replicas: int, nproc: int, out: Path, train_args: list[str], max_r
     finally:
         for p in procs:
             _stop(p)
-        stop.set()
+        host.stop.set()
     for r, p in enumerate(procs):
         print(f"replica {r}: exit {p.returncode} (log {out / f'replica{r}.log'})", flush=True)
     return max(p.returncode for p in procs)
@@ -115,13 +161,25 @@ def main(argv: list[str] | None = None) -> int:
                     help="fewest replica groups a new step starts with (the survivors wait at the step for replacements)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds before every group is killed")
     ap.add_argument("--out", default="build/replicas", help="folder for the event streams and logs (emptied first)")
+    ap.add_argument("--coordinator-fault", default="", metavar="STEP[:DELAY]",
+                    help="crash the coordinator once STEP is committed; a new one starts DELAY s later (default 1)")
     a = ap.parse_args(ours)
     if a.replicas < 1 or a.nproc < 1:
         ap.error("--replicas and --nproc must be >= 1")
     if not 1 <= a.min_replicas <= a.replicas:
         ap.error(f"--min-replicas must be in 1..--replicas ({a.replicas}), got {a.min_replicas}")
+    fault = None
+    if a.coordinator_fault:
+        step, _, delay = a.coordinator_fault.partition(":")
+        try:
+            fault = (int(step), float(delay or 1.0))
+        except ValueError:
+            fault = (0, -1.0)
+        if fault[0] < 1 or not 0 <= fault[1] < float("inf"):
+            ap.error(f"--coordinator-fault {a.coordinator_fault!r}: expected STEP[:DELAY], a step >= 1 and seconds >= 0 "
+                     "(e.g. 4:2)")
     out = Path(a.out)
-    code = run_local(a.replicas, a.nproc, out, train_args, a.max_restarts, a.timeout, a.min_replicas)
+    code = run_local(a.replicas, a.nproc, out, train_args, a.max_restarts, a.timeout, a.min_replicas, fault)
     print(ledger.check_dir(out, global_batch_of(train_args)).line(), flush=True)
     return code
 

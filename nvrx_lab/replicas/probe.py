@@ -37,6 +37,21 @@ class Probes:
         self._cases: dict[tuple[int, int], dict] = {}
         self._ids = 0
 
+    def stuck(self, replica: int, qid: int) -> None:
+        """A rank of ``replica`` waits too long in quorum ``qid``'s reduction: is every other member waiting for the
+        same few? Those are suspects: the ones whose work makes no progress are dropped (below)."""
+        c = self.coord
+        with c.lock:
+            if c.quorum is None or qid != c.quorum.qid or c.aborted:
+                return
+            live = [c.members[r] for r in c.quorum.members if c.members[r].alive]
+            if any(m.joined == c.quorum.step + 1 for m in live):  # one finished the reduction: so did every member
+                return                                               # (a report sent just before it completed)
+            c.members[replica].stuck = True
+            culprits = [m for m in live if not m.stuck]  # no more than the waiters: one merely slower than the first
+            if culprits and len(culprits) <= len(live) - len(culprits):  # to wait may wait too; hung or slow? (.probe)
+                self.suspect(qid, culprits)
+
     def suspect(self, qid: int, members: list) -> None:
         for m in members:
             if (qid, m.replica) not in self._cases or not self._open((qid, m.replica)):  # new, or left from a step before

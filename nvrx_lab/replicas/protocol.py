@@ -3,8 +3,10 @@
 One JSON object a line over one TCP connection a rank (:mod:`.client`, :mod:`.coordinator`), protocol
 :data:`VERSION`. A rank says:
 
-* ``hello`` — ``{"op": "hello", "version": V, "replica": R, "rank": K, "ranks": W}``: who it is (rank ``K`` of
-  replica group ``R``, which has ``W`` ranks), first and once;
+* ``hello`` — ``{"op": "hello", "version": V, "replica": R, "rank": K, "ranks": W, "incarnation": I,
+  "committed": c, "qid": q}``: who it is (rank ``K`` of replica group ``R``, which has ``W`` ranks; ``I``: its
+  process, a new one for a replacement), the last step whose update it applied (``None``: it holds no trained state)
+  and the last quorum it heard; first, and again after every reconnect to a restarted coordinator (:class:`Position`);
 * ``join`` — group rank 0 only, once a step: ``{"op": "join", "step": s, "done": d}``: the group is ready for step
   ``s``, and finished the cross-replica reduction of step ``d`` (``None``: it did not, or has no step before);
 * ``stuck`` — ``{"op": "stuck", "step": s, "qid": q}``: its reduction of step ``s`` has waited longer than the
@@ -20,7 +22,8 @@ One JSON object a line over one TCP connection a rank (:mod:`.client`, :mod:`.co
 The coordinator says:
 
 * ``welcome`` — ``{"op": "welcome", "store_port": p, "healing": bool}``: the answer to ``hello``: the port of the
-  ``TCPStore`` where every quorum's process group meets (:mod:`.group`), and whether the group starts without state;
+  ``TCPStore`` where every quorum's process group meets (:mod:`.group`; a restarted coordinator's is a new store),
+  and whether the group starts without state;
 * ``refused`` — ``{"op": "refused", "why": ...}``: the answer to a ``hello`` of another protocol version (the rank
   exits 2: a usage error);
 * ``quorum`` — a :class:`Quorum`, to every rank of every member, once every live member joined the step;
@@ -44,7 +47,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-VERSION = 1
+VERSION = 2
 """The protocol's version, in every ``hello``: a coordinator refuses ranks of another (another nvrx_lab)."""
 
 
@@ -67,6 +70,9 @@ class Quorum:
     """Replicas that start without state (a replacement): they receive it from ``donor``, then train this step."""
     epoch: dict = field(default_factory=dict)
     """Coordinator facts for the log (quorum formed in seconds, members lost since the last one)."""
+    resumed: bool = False
+    """The first quorum of a restarted coordinator, rebuilt from what the members reported: ``committed`` is the
+    newest step one of them applied; a step computed but not committed before is computed again by every member."""
 
     def index(self, replica: int) -> int:
         return self.members.index(replica)
@@ -77,7 +83,20 @@ class Quorum:
     @classmethod
     def from_dict(cls, d: dict) -> Quorum:
         return cls(d["qid"], d["step"], tuple(d["members"]), d["committed"], d.get("donor"), tuple(d.get("joiners", ())),
-                   d.get("epoch", {}))
+                   d.get("epoch", {}), d.get("resumed", False))
+
+
+@dataclass
+class Position:
+    """Where a rank stands, as its ``hello`` tells a coordinator: a restarted one rebuilds the quorum from these."""
+
+    committed: int | None = None
+    """The last step whose update this rank applied (``None``: no trained state, e.g. a replacement not yet healed)."""
+    qid: int = 0
+    """The last quorum it heard (a restarted coordinator numbers its quorums on from the highest reported)."""
+
+    def hello(self) -> dict:
+        return {"committed": self.committed, "qid": self.qid}
 
 
 def layout(params: dict[str, torch.Tensor], ranks: int, **settings) -> dict:
@@ -168,4 +187,4 @@ def encode(message: dict) -> bytes:
     return (json.dumps(message) + "\n").encode()
 
 
-__all__ = ["Quorum", "StepShares", "encode", "rank_part", "share"]
+__all__ = ["Position", "Quorum", "StepShares", "encode", "rank_part", "share"]

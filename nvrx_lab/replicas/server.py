@@ -31,7 +31,7 @@ def _serve_connection(coord: Coordinator, conn: socket.socket) -> None:
             elif op == "join":
                 coord.join(replica, msg["step"], msg.get("done"), msg.get("layout"))
             elif op == "stuck":
-                coord.stuck(replica, msg["qid"])
+                coord.probes.stuck(replica, msg["qid"])
             elif op == "beat":
                 coord.beat(replica)
             elif op == "progress":
@@ -70,3 +70,4 @@ def serve(coord: Coordinator, host: str, port: int, ready: threading.Event | Non
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         threading.Thread(target=_serve_connection, args=(coord, conn), daemon=True).start()
     server.close()
+

@@ -128,9 +128,10 @@ def run_inprocess(cfg: TrainConfig, launch: LaunchEnv, events: EventLog, hooks: 
     finally:
         hooks.close()
         if (ckpt := persistent.pop("ckpt", None)) is not None:
-            if not clean:  # the wrapper gave up: a launcher may restart us, and restore from the node's copies
-                ckpt.keep_local()
-            ckpt.close()
+            if clean:
+                ckpt.close()
+            else:  # the wrapper gave up and the group is gone (its store too, when the launcher restarts the workers):
+                ckpt.abandon()  # stop at once, keeping the node's copies for the restarted group; never raise over why
             del ckpt  # it held the last attempt's group: now its threads can be joined
         if clean:
             join_group_threads()

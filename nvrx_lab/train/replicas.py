@@ -21,7 +21,6 @@ loss curve is the fault-free one up to the order of the sums.
 
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 
@@ -31,8 +30,8 @@ from torch.distributed.tensor import DTensor
 
 from nvrx_lab.faults import FaultInjector
 from nvrx_lab.replicas.client import JobFinished, Refused, ReplicaClient, StateLost
-from nvrx_lab.replicas.group import ReplicaGroup, StepAborted, open_store
-from nvrx_lab.replicas.heal import HEAL_BPS_FLOOR, recv_state, send_state, state_bytes
+from nvrx_lab.replicas.group import StepAborted
+from nvrx_lab.replicas.plane import Plane
 from nvrx_lab.replicas.progress import Progress
 from nvrx_lab.replicas.protocol import Quorum, StepShares, layout, rank_part
 from nvrx_lab.train import runs
@@ -41,9 +40,6 @@ from nvrx_lab.train.data import SyntheticTokens
 from nvrx_lab.train.hooks import Attempt
 from nvrx_lab.train.state import TrainState, build_model
 
-COLD_PATIENCE_S = 5.0
-"""The least a step with a replacement in it, or a redo, waits before the coordinator hears of it (on a loaded box a
-re-formed group's first reduction took more than twice a warm step, and a healthy member was dropped as hung)."""
 BUCKET_BYTES = 64 << 20
 """The most gradient bytes summed in one operation (one dtype a bucket); they are all issued at once."""
 
@@ -131,23 +127,29 @@ def train_replica(cfg: TrainConfig, attempt: Attempt) -> dict:
         raise SystemExit(1) from None
 
 
-def _train(cfg: TrainConfig, attempt: Attempt) -> dict:
-    rc, events, rank, ranks = cfg.replicas, attempt.events, attempt.rank, attempt.world_size
-    host, port = rc.address
-    client = ReplicaClient(host, port, rc.replica_id, rank, ranks)
-    store = open_store(host, client.store_port)  # where the quorums' process groups meet (the coordinator hosts it)
+def _start(cfg: TrainConfig, attempt: Attempt) -> tuple[ReplicaClient, TrainState, Progress, Plane, FaultInjector | None]:
+    """Connect to the coordinator and build the state (a replacement warms up off the others' critical path); group
+    rank 0 joins: the first join says the gradients' layout, so a group of another model is refused, not summed."""
+    rc, rank, ranks = cfg.replicas, attempt.rank, attempt.world_size
+    client = ReplicaClient(*rc.address, rc.replica_id, rank, ranks, reconnect_timeout=rc.reconnect_timeout)
     state = _state(cfg, attempt)
     client.progress = progress = Progress(state.model, state.optimizer, attempt.device, rc.hang_timeout)
-    plane = _Plane(client, store, state, attempt, rc, progress)
+    plane = Plane(client, state, attempt, rc, progress)
     faults = cfg.faults.faults
     injector = FaultInjector(faults, rc.replica_id * ranks + rank, state_file=runs.fault_state_file(cfg),
-                             emit=events.emit) if faults else None
-    if client.healing:  # off the others' critical path: the first step's costs, before this replica joins
+                             emit=attempt.events.emit) if faults else None
+    if client.healing:
         _warm_up(cfg, state, attempt)
-    if rank == 0:  # the first join says the gradients' layout: a group of another model is refused, not summed
+    if rank == 0:
         client.join(step=0 if client.healing else 1, done=None,
                     layout=layout(dict(state.model.named_parameters()), ranks, global_batch=cfg.global_batch,
                                   seq_len=cfg.model.seq_len))
+    return client, state, progress, plane, injector
+
+
+def _train(cfg: TrainConfig, attempt: Attempt) -> dict:
+    rc, events, rank, ranks = cfg.replicas, attempt.events, attempt.rank, attempt.world_size
+    client, state, progress, plane, injector = _start(cfg, attempt)
     try:
         quorum, group, work = client.next_quorum(), None, None
     except JobFinished as e:
@@ -156,16 +158,24 @@ def _train(cfg: TrainConfig, attempt: Attempt) -> dict:
     try:
         losses, periods, last = [], [], time.monotonic()
         while True:
-            if quorum.committed is not None and work is not None and work.step == quorum.committed:
+            joiner = rc.replica_id in quorum.joiners  # it heals: what it computed before is not this job's state
+            if quorum.committed is not None and work is not None and work.step == quorum.committed and not joiner:
                 with progress.working():
                     losses.append(work.apply())
-                state.step, now = quorum.committed, time.monotonic()
+                state.step = client.position.committed = quorum.committed
+                now = time.monotonic()
                 periods.append(now - last)
                 last = now
                 if rank == 0:
                     events.emit("step", step=state.step, loss=losses[-1], step_time=periods[-1], replica=rc.replica_id,
                                 members=len(quorum.members))
                 work = None
+            if quorum.resumed or joiner:  # a restarted coordinator: a step computed, not committed, is computed again
+                if quorum.resumed:
+                    plane.resume(quorum, group)
+                    group = None
+                work = None
+                state.optimizer.zero_grad(set_to_none=False)
             if quorum.step > cfg.steps:
                 break
             done = None
@@ -232,64 +242,3 @@ def _state(cfg: TrainConfig, attempt: Attempt) -> TrainState:
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     data = SyntheticTokens(cfg.model.vocab_size, cfg.model.seq_len, cfg.global_batch, seed=cfg.seed)
     return TrainState(model, optimizer, data)
-
-
-class _Plane:
-    """This rank's side of the data plane: the quorum's process group, the heal over it, the step's sum."""
-
-    def __init__(self, client: ReplicaClient, store, state: TrainState, attempt: Attempt, rc, progress: Progress):
-        self.client, self.store, self.state, self.attempt, self.rc, self.progress = client, store, state, attempt, rc, progress
-        self.state_bytes = state_bytes(state.local_state_dict())
-
-    def meet(self, quorum: Quorum, group: ReplicaGroup | None, events) -> tuple[ReplicaGroup | None, bool]:
-        """This quorum's group (and its heal when this replica gives or takes state); ready is False when a member
-        failed while the group met: the step is computed all the same and reduced at the next quorum."""
-        replica = self.client.replica
-        try:
-            if group is None or group.qid != quorum.qid:
-                group = self._group(quorum, group)
-            if replica == quorum.donor or replica in quorum.joiners:
-                with self.progress.working():  # each chunk is a unit: a large heal is slow, not hung
-                    self._heal(group, quorum, events)
-            return group, True
-        except (StepAborted, RuntimeError) as e:
-            if replica in quorum.joiners:  # without a donor's state this process cannot train: a replacement will
-                raise RuntimeError(f"replica {replica} could not heal from replica {quorum.donor}: {e}") from None
-            return group, False
-
-    def _group(self, quorum: Quorum, old: ReplicaGroup | None) -> ReplicaGroup:
-        """The process group of this quorum (the last one's aborted); an abort meanwhile ends the meeting."""
-        if old is not None:
-            old.close()
-        group = ReplicaGroup(self.store, quorum, self.client.replica, self.attempt.rank, self.attempt.device,
-                             self.rc.timeout)
-        self.client.on_abort = lambda qid: group.cut() if qid == group.qid else None
-        return group.connect(lambda: self.client.aborted(quorum.qid))
-
-    def _heal(self, group: ReplicaGroup, quorum: Quorum, events) -> None:
-        t0, aborted, state = time.monotonic(), (lambda: self.client.aborted(quorum.qid)), self.state
-        if self.client.replica == quorum.donor:
-            sent = send_state(group, [quorum.index(j) for j in quorum.joiners], state.local_state_dict(), aborted,
-                              self.progress.unit)
-            events.emit("heal_sent", step=quorum.step, to=list(quorum.joiners), bytes=sent,
-                        seconds=time.monotonic() - t0)
-        else:
-            state.load_local_state_dict(recv_state(group, quorum.index(quorum.donor), state.local_state_dict(),
-                                                   aborted, self.progress.unit))
-            state.data.position = quorum.step - 1
-            events.emit("healed", step=quorum.step, donor=quorum.donor, seconds=time.monotonic() - t0)
-
-    def reduce(self, work: ReplicaStep, group: ReplicaGroup, quorum: Quorum, periods: list[float]) -> int:
-        """Sum the step's gradients over the members; the step it finished (:class:`StepAborted` if it did not)."""
-        buckets = work.buckets()
-        wait = self.rc.patience or (max(0.05, 2 * statistics.median(periods[-20:])) if periods else 5.0)
-        if quorum.joiners or quorum.committed is None:  # a replacement's first step, or a redo on a group just
-            wait = max(wait, COLD_PATIENCE_S)            # re-formed, runs cold: not a hang at twice a warm step
-        if quorum.joiners:  # ...and the donor and its joiners move the state first
-            wait += self.state_bytes * len(quorum.joiners) / HEAL_BPS_FLOOR
-        # the loss in its own float64 tensor: float32 beside the gradients moved the curve 1.3e-6 off (1 run of 6)
-        loss = torch.tensor([work.loss_sum], dtype=torch.float64, device=buckets[0].device)
-        group.all_reduce([*buckets, loss], lambda: self.client.aborted(quorum.qid), wait,
-                         lambda: self.client.stuck(quorum.step, quorum.qid))
-        work.reduced = buckets, loss
-        return quorum.step
