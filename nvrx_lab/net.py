@@ -18,6 +18,15 @@ PORTS_ENV = "NVRX_LAB_PORTS"
 """``LO-HI``: pick free ports from these only (each of ``make test``'s workers has its own slice)."""
 
 
+SECRET_ENV = "NVRX_LAB_REPLICA_SECRET"
+"""The shared secret of the replica groups' coordinator and ranks (unset or empty: no authentication)."""
+
+
+def shared_secret() -> bytes | None:
+    """This process's shared secret (:data:`SECRET_ENV`), read where a process starts; None: none."""
+    return os.environ.get(SECRET_ENV, "").encode() or None
+
+
 def _pick_range() -> range:
     """The ports :func:`free_ports` picks from: ``$NVRX_LAB_PORTS`` if set, else :func:`port_range`."""
     if not (given := os.environ.get(PORTS_ENV)):

@@ -64,9 +64,10 @@ def test_every_mode_renders_and_validates_strictly(mode):
     validate(ms)
     kinds = [m["kind"] for m in ms]
     launcher = MODES[mode].uses_launcher
-    workload = ["Service", "Deployment", "Service", "Job", "Service", "Job"] if MODES[mode].replicated else ["Service", "Job"]
+    coordinator = ["Service", "StatefulSet", "PodDisruptionBudget"]  # then two groups (tests/test_eks_replicas)
+    workload = [*coordinator, "Service", "Job", "Service", "Job"] if MODES[mode].replicated else ["Service", "Job"]
     assert kinds == (["Namespace", "PersistentVolume", "PersistentVolumeClaim"] + (["ConfigMap"] if launcher else [])
-                     + workload)  # replicas: the coordinator's Service and Deployment, then two groups (tests/test_eks_replicas)
+                     + workload)
     assert yaml.safe_load_all(to_yaml(ms)) and list(yaml.safe_load_all(to_yaml(ms))) == ms  # comments only, same data
 
 

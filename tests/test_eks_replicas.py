@@ -1,4 +1,4 @@
-"""The replicas mode on EKS (issue 36): a coordinator Deployment behind a Service and one Indexed Job per replica group
+"""The replicas mode on EKS (issue 36): a coordinator StatefulSet behind a Service and one Indexed Job per replica group
 render and validate, bad settings name their field, and ``local_run`` runs the very same pods on CPU through a fault
 to an exact data ledger, leaving no process behind."""
 
@@ -30,21 +30,29 @@ def _env(container: dict) -> dict[str, str]:
     return {e["name"]: e.get("value", "") for e in container["env"]}
 
 
-def test_a_coordinator_deployment_and_one_indexed_job_per_group_validate_strictly():
+def test_a_coordinator_statefulset_and_one_indexed_job_per_group_validate_strictly():
     s = spec(replica_groups=3, min_replicas=2, nodes=2, max_restarts=4, **FSX)
     ms = render(s)
     validate(ms)
-    assert [m["kind"] for m in ms] == ["Namespace", "PersistentVolume", "PersistentVolumeClaim", "Service", "Deployment",
-                                       *["Service", "Job"] * 3]
+    assert [m["kind"] for m in ms] == ["Namespace", "PersistentVolume", "PersistentVolumeClaim", "Service", "StatefulSet",
+                                       "PodDisruptionBudget", *["Service", "Job"] * 3]
     assert list(yaml.safe_load_all(to_yaml(ms))) == ms
 
-    svc, dep = find(ms, "Service")[0], find(ms, "Deployment")[0]
-    assert svc["metadata"]["name"] == dep["metadata"]["name"] == "llama-rep-coordinator"
+    svc, sts, pdb = find(ms, "Service")[0], find(ms, "StatefulSet")[0], find(ms, "PodDisruptionBudget")[0]
+    assert svc["metadata"]["name"] == sts["metadata"]["name"] == pdb["metadata"]["name"] == "llama-rep-coordinator"
     assert {p["name"]: p["port"] for p in svc["spec"]["ports"]} == {"quorum": 29600, "store": 29601}
     assert svc["spec"]["type"] == "ClusterIP"
-    pod = dep["spec"]["template"]
+    pod = sts["spec"]["template"]
     assert svc["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
-    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"] == {"type": "Recreate"}
+    # at most one coordinator: one replica of a StatefulSet, governed by its ClusterIP Service
+    assert sts["apiVersion"] == "apps/v1" and sts["spec"]["replicas"] == 1
+    assert sts["spec"]["serviceName"] == svc["metadata"]["name"] and sts["spec"]["podManagementPolicy"] == "OrderedReady"
+    assert sts["spec"]["selector"]["matchLabels"] == pod["metadata"]["labels"]
+    # and no voluntary disruption: a PodDisruptionBudget of its one pod, and Karpenter leaves its node alone
+    assert pdb["apiVersion"] == "policy/v1" and pdb["metadata"]["namespace"] == sts["metadata"]["namespace"]
+    assert pdb["metadata"]["labels"] == sts["metadata"]["labels"]
+    assert pdb["spec"] == {"minAvailable": 1, "selector": {"matchLabels": pod["metadata"]["labels"]}}
+    assert pod["metadata"]["annotations"] == {"karpenter.sh/do-not-disrupt": "true"}
     c = pod["spec"]["containers"][0]
     assert set(c["resources"]["requests"]) == {"cpu", "memory"} and "capabilities" not in str(c["resources"])
     assert not any("nvidia.com/gpu" in t["key"] or "efa" in t["key"] for t in pod["spec"]["tolerations"])

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -155,7 +157,7 @@ def _local(out, replicas, nproc, steps, faults="", max_restarts=3, timeout=240, 
     p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout + 60)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:] + "".join(
         f"\n--- {f.name}\n{f.read_text()[-2000:]}" for f in sorted(out.glob("replica*.log")))
-    return p.stdout
+    return p.stdout + p.stderr
 
 
 def _losses(out) -> dict[int, float]:
@@ -179,6 +181,10 @@ def test_survivors_train_through_an_exception_a_hang_and_a_kill_on_a_fault_free_
     steps = 14
     said = _local(tmp_path / "faults", 3, 1, steps, "1:4:exception,2:7:hang_spin,1:9:sigkill", min_replicas=3)
     assert "ledger: 14 committed steps, 0 samples lost, 0 duplicated" in said, said
+    for line in ("FAULT replica 1: exception in step 4", "FAULT replica 2: hang_spin in step 7", "replica 2 dropped: hang",
+                 "replica 1 healed from replica 0 before step"):
+        assert line in said, said  # the console says each fault, drop and heal as it happens...
+    assert re.search(r"REPLICAS [34] replica groups dropped, [2-9] replacements healed; the others' longest pause", said)
     _local(tmp_path / "clean", 2, 1, steps)
     faulty, clean = _losses(tmp_path / "faults"), _losses(tmp_path / "clean")
     assert sorted(clean) == list(range(1, steps + 1)) and set(faulty) == set(clean)
@@ -465,3 +471,46 @@ def test_a_killed_coordinator_is_restarted_and_training_goes_on_from_the_committ
     faulty, clean = _losses(tmp_path / "faults"), _losses(tmp_path / "clean")
     assert sorted(faulty) == sorted(clean) == list(range(1, 7))
     assert max(abs(faulty[s] - clean[s]) for s in clean) < 1e-6
+
+
+def test_with_a_shared_secret_a_hello_must_prove_it_and_a_rank_refuses_a_coordinator_without_one(monkeypatch, capsys):
+    """``$NVRX_LAB_REPLICA_SECRET``: the coordinator opens each connection with a nonce, a hello answers with its HMAC.
+    A rank without the secret or with another is refused by name (exit 2 in the trainer); a rank with a secret refuses
+    a coordinator that asks for none. Real sockets, the real server and client."""
+    from nvrx_lab.net import free_port
+    from nvrx_lab.replicas import client as client_module
+    from nvrx_lab.replicas.client import Refused, ReplicaClient
+    from nvrx_lab.replicas.protocol import SECRET_ENV, proof
+    from nvrx_lab.replicas.server import serve
+
+    def coordinator(key: bytes | None) -> tuple[Coordinator, int, threading.Event]:
+        coord, ready, stop, port = Coordinator(2, secret=key), threading.Event(), threading.Event(), free_port()
+        threading.Thread(target=serve, args=(coord, "127.0.0.1", port, ready, stop), daemon=True).start()
+        assert ready.wait(30)
+        return coord, port, stop
+
+    coord, port, stop = coordinator(b"s3cret")
+    try:
+        monkeypatch.setenv(SECRET_ENV, "s3cret")
+        client = ReplicaClient("127.0.0.1", port, replica=0, rank=0, ranks=1, connect_timeout=10)
+        assert coord.members[0].conns and not client._refused
+        client.bye()
+        for secret_env, why in ((None, "has no shared secret and this coordinator has one"), ("other", "differs")):
+            if secret_env is None:
+                monkeypatch.delenv(SECRET_ENV)
+            else:
+                monkeypatch.setenv(SECRET_ENV, secret_env)
+            with pytest.raises(Refused, match=why):
+                ReplicaClient("127.0.0.1", port, replica=1, rank=0, ranks=1, connect_timeout=10)
+        assert 1 not in coord.members and capsys.readouterr().err.count("error:") == 2
+    finally:
+        stop.set()
+    assert proof(b"s3cret", "n") != proof(b"other", "n")
+    _, port, stop = coordinator(None)
+    monkeypatch.setattr(client_module, "CHALLENGE_S", 1.0)  # the challenge that never comes
+    try:
+        monkeypatch.setenv(SECRET_ENV, "s3cret")
+        with pytest.raises(Refused, match=r"asks for no shared secret and this rank has one \(\$NVRX_LAB_REPLICA_SECRET\)"):
+            ReplicaClient("127.0.0.1", port, replica=0, rank=0, ranks=1, connect_timeout=10)
+    finally:
+        stop.set()

@@ -16,7 +16,11 @@ Per system and fault, the medians of ``--runs`` runs:
 * ``samples_lost`` / ``samples_duplicated`` — from the data ledger of committed steps;
 * ``goodput`` — committed samples per second ÷ a fault-free run's.
 
-A last row of ours: one run through ``--many`` faults (every kind, on every replica in turn), its ledger.
+Ours also with the coordinator killed once step ``--fault-step`` is committed and a new one started on its address
+1 s later (``replicas.local --coordinator-fault``, as a restarted pod behind its Service): ``survivor_stall_x`` over the
+three steps from the kill, ``steps_lost`` the committed steps it went back (0: it goes on from the last one), and
+``heal_s`` from the kill to the first commit after it (the 1 s start-up included). A last row of ours: one run
+through ``--many`` faults (every kind, on every replica in turn), its ledger.
 ``--quick``: one run per fault, 6 faults in the long run.
 """
 
@@ -92,19 +96,44 @@ def measure(out: Path, replicas: int, fault_step: int | None, global_batch: int)
     return row
 
 
+def measure_coordinator(out: Path, replicas: int, global_batch: int) -> dict:
+    """A run whose coordinator was killed and restarted: the groups' stall, the committed steps it went back."""
+    coord = read_events(out / "coordinator.jsonl")
+    killed = [e for e in coord if e["kind"] == "coordinator_killed"]
+    resumed = [e for e in coord if e["kind"] == "quorum" and e.get("resumed")]
+    if not (killed and resumed):
+        raise RuntimeError(f"the coordinator was not killed and resumed (see {out})")
+    book = ledger.check_dir(out, global_batch)
+    steps = {r: _steps(out, r) for r in range(replicas)}
+    gaps = [g for s in steps.values() for g in _gaps(s).values()]
+    before = [g for s in steps.values() for st, g in _gaps(s).items() if 2 < st <= killed[0]["committed"]]
+    after = [e["t"] for s in steps.values() for e in s if e["t"] > killed[0]["t"]]
+    k = killed[0]["committed"]
+    stall = max(g for s in steps.values() for st, g in _gaps(s).items() if k < st <= k + STALL_WINDOW)
+    return {"steps": book.steps, "steps_lost": k - resumed[0]["committed"], "samples_lost": book.lost,
+            "samples_duplicated": book.duplicated, "median_step_s": statistics.median(before or gaps),
+            "survivor_stall_x": stall / statistics.median(before or gaps), "heal_s": min(after) - killed[0]["t"],
+            "samples_per_s": (book.steps - 1) * global_batch / (max(s[-1]["t"] for s in steps.values())
+                                                               - min(s[0]["t"] for s in steps.values()))}
+
+
 def ours(root: Path, fault: str | None, steps: int, fault_step: int, replicas: int = 3, faults: str = "",
          min_replicas: int = 1, dim: int = 64) -> dict:
-    """One run of ours (``faults`` overrides the single fault); its :func:`measure` and wall time."""
+    """One run of ours (``faults`` overrides the single fault; ``fault="coordinator"`` kills the coordinator); its
+    :func:`measure` and wall time."""
     out = root / f"ours-{fault or 'none'}-{time.monotonic_ns()}"
-    spec = faults or (f"{VICTIM}:{fault_step}:{fault}" if fault else "")
+    spec = faults or (f"{VICTIM}:{fault_step}:{fault}" if fault and fault != "coordinator" else "")
     args = [*model_args(dim), "--log-every", "0", "--threads", "1", "--steps", str(steps), *(["--faults", spec] if spec else [])]
     t0 = time.monotonic()
     code = run_local(replicas, 1, out, args, max_restarts=max(3, spec.count(",") + 1), timeout=600,
-                     min_replicas=min_replicas)
+                     min_replicas=min_replicas, coordinator_fault=(fault_step, 1.0) if fault == "coordinator" else None)
     if code != 0:
         logs = "".join(f"\n--- {p.name}\n{p.read_text()[-1500:]}" for p in sorted(out.glob("replica*.log")))
         raise RuntimeError(f"a replica group exited {code}{logs}")
-    row = measure(out, replicas, fault_step if fault and not faults else None, 12)
+    if fault == "coordinator":
+        row = measure_coordinator(out, replicas, 12)
+    else:
+        row = measure(out, replicas, fault_step if fault and not faults else None, 12)
     return {**row, "wall_s": time.monotonic() - t0}
 
 
@@ -165,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         clean_runs, errors = _repeat(lambda: ours(root, None, a.steps, a.fault_step, dim=a.dim), 1, "ours fault-free")
         clean = clean_runs[0] if clean_runs else None
         rows.append(_median_row("nvrx_lab", "none", clean_runs, clean, errors))
-        for kind in KINDS:
+        for kind in (*KINDS, "coordinator"):
             done, errors = _repeat(lambda k=kind: ours(root, k, a.steps, a.fault_step, dim=a.dim), runs, f"ours {kind}")
             rows.append(_median_row("nvrx_lab", kind, done, clean, errors))
         rows += torchft_rows(root, a, runs)

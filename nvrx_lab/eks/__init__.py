@@ -17,7 +17,7 @@ Introduced in ``notebooks/05_eks_manifests.ipynb``; submission in ``notebooks/06
 One concept per module: :mod:`.instances`, :mod:`.modes`, :mod:`.spec`, :mod:`.checks`, :mod:`.commands`,
 :mod:`.render`, :mod:`.jobset`, :mod:`.yamlio`, :mod:`.validate`, :mod:`.crd`, :mod:`.auth`, :mod:`.submit`,
 :mod:`.watch`, :mod:`.local_plan`, :mod:`.local_job`, :mod:`.local`; :mod:`.replicas` and :mod:`.local_replicas`
-render and run the replicas mode's coordinator Deployment and group Jobs; :mod:`.torchrun` is what the torchrun
+render and run the replicas mode's coordinator StatefulSet and group Jobs; :mod:`.torchrun` is what the torchrun
 modes' pods run (torchrun, with a worker's usage error kept as exit code 2).
 """
 

@@ -1,11 +1,13 @@
-"""``local_run`` of the replicas mode: the coordinator's Deployment and every group's Indexed Job as local processes.
+"""``local_run`` of the replicas mode: the coordinator's StatefulSet and every group's Indexed Job as local processes.
 
-The manifests of ``JobSpec(mode="replicas")`` (:mod:`nvrx_lab.eks.replicas`) hold one Deployment and its Service, and
-per replica group a headless Service and an Indexed Job. :class:`LocalReplicas` runs them as the controllers would:
+The manifests of ``JobSpec(mode="replicas")`` (:mod:`nvrx_lab.eks.replicas`) hold one StatefulSet with its Service and
+PodDisruptionBudget, and per replica group a headless Service and an Indexed Job. :class:`LocalReplicas` runs them as
+the controllers would:
 
-* **the coordinator** — the Deployment's one pod, run as a one-pod :class:`~nvrx_lab.eks.local_job.LocalJob` whose
-  failures are all retried (a Deployment replaces its pod whatever the exit); its Service's ports become free local
-  ports, and its name (``<name>-coordinator[.<ns>[.svc[.cluster.local]]]``) loopback;
+* **the coordinator** — the StatefulSet's one pod, run as a one-pod :class:`~nvrx_lab.eks.local_job.LocalJob` whose
+  failures are all retried (a StatefulSet replaces its pod whatever the exit); its Service's ports become free local
+  ports, and its name (``<name>-coordinator[.<ns>[.svc[.cluster.local]]]``) loopback. The PodDisruptionBudget has
+  nothing to guard here (no drain, no consolidation) and is left out;
 * **each group** — a :class:`~nvrx_lab.eks.local_job.LocalJob` of its own, under the Job controller's rules
   (``backoffLimit``, ``podFailurePolicy``), whose pods dial the coordinator through those ports;
 * **one folder** — every Job shares ``workdir``, so the FSx claim is one directory and ``coordinator.jsonl`` and the
@@ -30,8 +32,8 @@ from nvrx_lab.eks.local_job import OVER, LocalJob, LocalOptions
 from nvrx_lab.eks.local_pods import LocalRun
 from nvrx_lab.net import wait_for
 
-DEPLOYMENT_RESTARTS = 1000
-"""A Deployment never gives up on its pod: the coordinator's failed attempts allowed in a local run."""
+COORDINATOR_RESTARTS = 1000
+"""A StatefulSet never gives up on its pod: the coordinator's failed attempts allowed in a local run."""
 
 
 @dataclass
@@ -39,8 +41,8 @@ class ReplicaRun:
     """What happened to the coordinator and to each group's Job."""
 
     coordinator: LocalRun
-    """The coordinator Deployment's pod (index 0): its attempts, logs and exit codes (its status stays ``timeout``:
-    a Deployment's pod is stopped, never done)."""
+    """The coordinator StatefulSet's pod (index 0): its attempts, logs and exit codes (its status stays ``timeout``:
+    a StatefulSet's pod is stopped, never done)."""
     jobs: dict[str, LocalRun] = field(default_factory=dict)
     """Group Job name (``<name>-g<r>``) -> its run, as :func:`~nvrx_lab.eks.local.local_run` reports one Job."""
     status: str = "pending"
@@ -68,13 +70,13 @@ def _one(manifests: list[dict], kind: str, name: str | None = None) -> dict:
     return found[0]
 
 
-def deployment_job(dep: dict) -> dict:
-    """The Deployment's pod as a one-pod Indexed Job that retries every failure (a Deployment's pod is never done)."""
-    if int(dep["spec"].get("replicas", 1)) != 1:
-        raise ValueError(f"Deployment/{dep['metadata']['name']}: a local run takes one replica")
-    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": copy.deepcopy(dep["metadata"]),
-            "spec": {"completionMode": "Indexed", "completions": 1, "parallelism": 1, "backoffLimit": DEPLOYMENT_RESTARTS,
-                     "template": copy.deepcopy(dep["spec"]["template"])}}
+def coordinator_job(sts: dict) -> dict:
+    """The StatefulSet's pod as a one-pod Indexed Job that retries every failure (a StatefulSet's pod is never done)."""
+    if int(sts["spec"].get("replicas", 1)) != 1:
+        raise ValueError(f"StatefulSet/{sts['metadata']['name']}: a local run takes one replica")
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": copy.deepcopy(sts["metadata"]),
+            "spec": {"completionMode": "Indexed", "completions": 1, "parallelism": 1,
+                     "backoffLimit": COORDINATOR_RESTARTS, "template": copy.deepcopy(sts["spec"]["template"])}}
 
 
 class LocalReplicas:
@@ -82,20 +84,21 @@ class LocalReplicas:
     starts the coordinator and then the groups, leaving stops whatever still runs (the coordinator last)."""
 
     def __init__(self, manifests: list[dict], options: LocalOptions | None = None):
-        dep = _one(manifests, "Deployment")
-        name = dep["metadata"]["name"]
-        shared = [m for m in manifests if m.get("kind") not in ("Deployment", "Service", "Job")]  # ConfigMaps, storage
+        sts = _one(manifests, "StatefulSet")
+        name = sts["metadata"]["name"]
+        own = ("StatefulSet", "PodDisruptionBudget", "Service", "Job")
+        shared = [m for m in manifests if m.get("kind") not in own]  # ConfigMaps, storage
         self.options = options or LocalOptions()
         if self.options.workdir is None:  # one folder for every Job: one FSx claim, side by side
             self.options = dataclasses.replace(self.options, workdir=tempfile.mkdtemp(prefix=f"local-{name}-"))
-        self.coordinator = LocalJob([deployment_job(dep), _one(manifests, "Service", name), *shared], self.options)
+        self.coordinator = LocalJob([coordinator_job(sts), _one(manifests, "Service", name), *shared], self.options)
         services = {name: self.coordinator.run.ports}
         self.groups = [LocalJob([*(s for s in manifests if s.get("kind") == "Service"
                                    and s["metadata"]["name"] == job["spec"]["template"]["spec"].get("subdomain")),
                                  job, *shared], self.options, services=services)
                        for job in manifests if job.get("kind") == "Job"]
         if not self.groups:
-            raise ValueError(f"manifests: Deployment/{name} but no Job of replica groups")
+            raise ValueError(f"manifests: StatefulSet/{name} but no Job of replica groups")
         self.run = ReplicaRun(self.coordinator.run, {g.name: g.run for g in self.groups})
         self._stack = contextlib.ExitStack()
         self.t0 = time.monotonic()
@@ -142,4 +145,4 @@ def run_replicas(manifests: list[dict], options: LocalOptions) -> ReplicaRun:
     return job.run
 
 
-__all__ = ["LocalReplicas", "ReplicaRun", "deployment_job", "run_replicas"]
+__all__ = ["LocalReplicas", "ReplicaRun", "coordinator_job", "run_replicas"]

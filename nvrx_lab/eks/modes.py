@@ -13,7 +13,7 @@ replicas                  torchrun per group     torchrun, in the group's    ``-
 ========================  =====================  ==========================  ==========================
 
 ``replicas`` is the one mode of several Jobs: R replica groups, each an Indexed Job of its own with
-torchrun's c10d rendezvous inside it, plus a coordinator Deployment that forms a quorum per step
+torchrun's c10d rendezvous inside it, plus a coordinator StatefulSet that forms a quorum per step
 (:mod:`nvrx_lab.eks.replicas`, :mod:`nvrx_lab.replicas`). A failed group's workers are replaced by its
 torchrun (``--max-restarts``) and heal from a live group; the other groups never stop, so no checkpoint
 is written or read (the trainer refuses ``--ckpt`` there).

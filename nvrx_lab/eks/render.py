@@ -226,8 +226,8 @@ def job(s: JobSpec) -> dict:
 def render(spec: JobSpec) -> list[dict]:
     """All objects of ``spec``'s job, in the order they must be created: for ``workload='jobset'`` the JobSet
     (:mod:`nvrx_lab.eks.jobset`: its controller makes the headless Service) instead of the Service and the Job; for
-    ``mode='replicas'`` the coordinator's Service and Deployment, then each group's Service and Job
-    (:mod:`nvrx_lab.eks.replicas`)."""
+    ``mode='replicas'`` the coordinator's Service, StatefulSet and PodDisruptionBudget, then each group's
+    Service and Job (:mod:`nvrx_lab.eks.replicas`)."""
     out: list[dict] = [namespace(spec)] if spec.create_namespace else []
     if spec.fsx_volume_handle:
         out += fsx_storage(spec)

@@ -1,9 +1,10 @@
-"""The replicas mode's objects: a coordinator Deployment behind a Service, and one Indexed Job per replica group.
+"""The replicas mode's objects: a coordinator StatefulSet behind a Service, and one Indexed Job per replica group.
 
 ``JobSpec(mode="replicas", replica_groups=R, nodes=N, min_replicas=M)`` renders, after the Namespace and storage::
 
     <name>-coordinator     Service (ClusterIP): the quorum port P and the TCPStore port P+1
-    <name>-coordinator     Deployment, 1 replica: python -m nvrx_lab.replicas.coordinator, CPU only
+    <name>-coordinator     StatefulSet, 1 replica: python -m nvrx_lab.replicas.coordinator, CPU only
+    <name>-coordinator     PodDisruptionBudget, minAvailable 1: no drain or consolidation evicts the coordinator
     <name>-g<r>            headless Service of group r: pod DNS <name>-g<r>-<i>.<name>-g<r>
     <name>-g<r>            Indexed Job of group r: N pods, torchrun's c10d rendezvous on its index 0
 
@@ -15,10 +16,18 @@ Each group's Job is the torchrun modes' Job (:func:`nvrx_lab.eks.render.job`: th
   is refused: it recreates every child Job when one fails.
 * **Inside a group**, torchrun replaces failed workers in the pod (``--max-restarts``, ``JobSpec.max_restarts``);
   a replacement takes a live group's state over the quorum's group, so no checkpoint is written or read.
-* **The coordinator** is small and stateless across jobs: a Deployment keeps one running (``Recreate``: never two at
-  once, or the groups would split between two quorums), on a CPU node (no GPU taints tolerated), behind a ClusterIP
-  Service whose name survives a replaced pod. It tells every rank its TCPStore's port, so the groups dial
-  ``<name>-coordinator`` on both ports and the Service forwards both.
+* **The coordinator** can be restarted (the ranks reconnect to the same Service address, and a restarted coordinator
+  goes on from the last committed step); what matters is *at most one*, or the groups would split between two
+  quorums. A StatefulSet of one replica never starts a replacement pod before the old pod object is gone (a
+  Deployment, ``Recreate`` or not, may run two during a network partition: the old pod on an unreachable node is not
+  confirmed dead). The cost: a coordinator on a lost node is replaced only once that node's pod is deleted: evicted
+  after the 60 s lost-node tolerations, it stays terminating until its kubelet confirms, the node lifecycle
+  controller deletes the Node (its instance gone) or someone force-deletes the pod. The ranks wait for it meanwhile
+  (``--replica-reconnect-timeout``, 600 s by default) and, once it is back, go on from the last committed step. A
+  PodDisruptionBudget (``minAvailable: 1``) and ``karpenter.sh/do-not-disrupt`` keep a drain or a consolidation from
+  evicting it voluntarily. It runs on a CPU node (no GPU taints tolerated), behind a ClusterIP Service whose name
+  survives a replaced pod. It tells every rank its TCPStore's port, so the groups dial ``<name>-coordinator`` on
+  both ports and the Service forwards both.
 * **Event streams** land in the run's folder on FSx: ``coordinator.jsonl`` and ``replica<r>.jsonl``, the files
   :func:`nvrx_lab.replicas.ledger.check_dir` reads to prove every sample was trained exactly once.
 """
@@ -34,6 +43,8 @@ GROUP_LABEL = "nvrx-lab/replica-group"
 """The replica group of a group's Job, Service and pods: its headless Service selects only its own pods."""
 COMPONENT = "app.kubernetes.io/component"
 CONTAINER = "coordinator"
+DO_NOT_DISRUPT = {"karpenter.sh/do-not-disrupt": "true"}
+"""Karpenter never consolidates (or otherwise voluntarily disrupts) the node of a pod with this annotation."""
 RESOURCES = {"cpu": "1", "memory": "2Gi"}
 """The coordinator's request: one message in and one out per rank and step, and a TCPStore; memory for torch."""
 
@@ -102,9 +113,9 @@ def coordinator_service(s: JobSpec, meta: dict, selector: dict[str, str]) -> dic
                      "ports": [{"name": n, "port": p, "targetPort": p, "protocol": "TCP"} for n, p in _ports(s)]}}
 
 
-def deployment(s: JobSpec, meta: dict, pod_labels: dict[str, str], group_pod: dict) -> dict:
-    """The coordinator's Deployment; ``group_pod`` (a group's pod spec) lends it the FSx volume, the lost-node
-    tolerations and the priority class."""
+def statefulset(s: JobSpec, meta: dict, pod_labels: dict[str, str], group_pod: dict) -> dict:
+    """The coordinator's StatefulSet (one pod, never two at once); ``group_pod`` (a group's pod spec) lends it the FSx
+    volume, the lost-node tolerations and the priority class."""
     container = {
         "name": CONTAINER, "image": s.image, "imagePullPolicy": s.image_pull_policy,
         "args": ["/bin/bash", "-c", coordinator_script(s)],
@@ -121,9 +132,17 @@ def deployment(s: JobSpec, meta: dict, pod_labels: dict[str, str], group_pod: di
            "volumes": [v for v in group_pod["volumes"] if v["name"] == "fsx"]}
     if "priorityClassName" in group_pod:
         pod["priorityClassName"] = group_pod["priorityClassName"]
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta, "spec": {
-        "replicas": 1, "strategy": {"type": "Recreate"}, "selector": {"matchLabels": dict(pod_labels)},
-        "template": {"metadata": {"labels": dict(pod_labels)}, "spec": pod}}}
+    return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": meta, "spec": {
+        "replicas": 1, "serviceName": coordinator_name(s), "podManagementPolicy": "OrderedReady",
+        "selector": {"matchLabels": dict(pod_labels)},
+        "template": {"metadata": {"labels": dict(pod_labels), "annotations": dict(DO_NOT_DISRUPT)}, "spec": pod}}}
+
+
+def disruption_budget(meta: dict, pod_labels: dict[str, str]) -> dict:
+    """The coordinator's PodDisruptionBudget: a drain or a consolidation never evicts its one pod (the eviction API
+    refuses; a deletion or a lost node still replaces it)."""
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": meta,
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": dict(pod_labels)}}}
 
 
 def group(s: JobSpec, service: dict, job: dict, r: int) -> list[dict]:
@@ -148,12 +167,14 @@ def group(s: JobSpec, service: dict, job: dict, r: int) -> list[dict]:
 
 
 def replica_objects(s: JobSpec, service: dict, job: dict) -> list[dict]:
-    """The coordinator's Service and Deployment, then every group's Service and Job (the order to create them)."""
+    """The coordinator's Service, StatefulSet and PodDisruptionBudget, then every group's Service and Job (the order
+    to create them)."""
     pod_labels = job["spec"]["template"]["metadata"]["labels"] | {COMPONENT: "coordinator"}
     meta = {"name": coordinator_name(s), "namespace": s.namespace, "labels": dict(pod_labels)}
     selector = {k: pod_labels[k] for k in ("app.kubernetes.io/name", "app.kubernetes.io/instance", COMPONENT)}
     out = [coordinator_service(s, copy.deepcopy(meta), selector),
-           deployment(s, copy.deepcopy(meta), pod_labels, job["spec"]["template"]["spec"])]
+           statefulset(s, copy.deepcopy(meta), pod_labels, job["spec"]["template"]["spec"]),
+           disruption_budget(copy.deepcopy(meta), pod_labels)]
     for r in range(s.replica_groups):
         out += group(s, service, job, r)
     return out

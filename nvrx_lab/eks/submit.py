@@ -203,7 +203,7 @@ def submit(spec: JobSpec, cluster: str, region: str, dry_run: bool = True, *, re
     if dry_run:
         return result
     if spec.mode_info.replicated:
-        raise EksError("submit: mode 'replicas' is several Jobs and a Deployment, which submit does not follow yet; apply "
+        raise EksError("submit: mode 'replicas' is several Jobs and a StatefulSet, which submit does not follow yet; apply "
                        "them with kubectl apply -f (python -m nvrx_lab.eks render writes job-replicas.yaml)")
     if spec.workload != "job":
         raise EksError(f"submit: workload {spec.workload!r} is not submitted from here; apply it with kubectl apply -f "

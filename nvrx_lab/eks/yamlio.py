@@ -50,15 +50,18 @@ KEY_WHY = {
     "clusterIP": "headless: DNS names for each pod, no load balancing",
     "claimRef": "pre-bound: no other claim can take this volume",
     "persistentVolumeReclaimPolicy": "Retain: deleting the claim never deletes checkpoints",
-    "Deployment.replicas": "one coordinator: every replica group's ranks meet in its quorum",
-    "strategy": "Recreate: the old coordinator is gone before a new one starts; two at once would split the groups "
-                "between two quorums",
-    "Deployment.automountServiceAccountToken": "the coordinator never talks to the API server",
-    "Deployment.tolerations": "no GPU/EFA taints tolerated: the coordinator belongs on a CPU node; on a not-ready or "
-                              "unreachable node it is replaced after tolerationSeconds, not Kubernetes' 300 s",
+    "StatefulSet.replicas": "one coordinator, never two: a replacement starts only once the old pod object is gone "
+                            "(two would split the groups between two quorums)",
+    "StatefulSet.serviceName": "the coordinator's ClusterIP Service: the address the ranks reconnect to after a restart",
+    "StatefulSet.podManagementPolicy": "OrderedReady (the default, spelled out): pods one at a time, never in parallel",
+    "StatefulSet.annotations": "karpenter.sh/do-not-disrupt: Karpenter never consolidates the coordinator's node",
+    "StatefulSet.automountServiceAccountToken": "the coordinator never talks to the API server",
+    "StatefulSet.tolerations": "no GPU/EFA taints tolerated: the coordinator belongs on a CPU node; on a not-ready or "
+                               "unreachable node its pod is evicted after tolerationSeconds, not Kubernetes' 300 s",
     "readinessProbe": "the Service sends the groups to the coordinator once it listens",
-    "Deployment.resources": "CPU and memory only: one message in and out per rank and step, and the groups' TCPStore",
-    "Deployment.securityContext": "no capabilities at all; never privileged",
+    "StatefulSet.resources": "CPU and memory only: one message in and out per rank and step, and the groups' TCPStore",
+    "StatefulSet.securityContext": "no capabilities at all; never privileged",
+    "PodDisruptionBudget.minAvailable": "1 of 1: no drain or consolidation evicts the coordinator voluntarily",
     "Service.type": "ClusterIP: one stable virtual IP for the coordinator, whichever pod runs it",
 }
 

@@ -33,17 +33,17 @@ import uuid
 from collections.abc import Callable
 
 from nvrx_lab import liveness
-from nvrx_lab.net import wait_for
+from nvrx_lab.net import shared_secret, wait_for
 
 from .progress import Progress
-from .protocol import VERSION, Position, Quorum, encode
+from .protocol import SECRET_ENV, VERSION, Position, Quorum, encode, proof
 
 RECONNECT_S = 600.0
-"""How long a rank tries to reach a restarted coordinator (``--replica-reconnect-timeout``): a pod rescheduled on EKS
-takes tens of seconds, minutes on a node that first pulls the image."""
+"""How long a rank tries to reach a restarted coordinator by default (``--replica-reconnect-timeout``)."""
+CHALLENGE_S = 10.0
+"""How long a rank with a shared secret waits for the coordinator's challenge (sent on accept: milliseconds)."""
 SILENT_S = 10
-"""Seconds of unacknowledged data (heartbeats every 0.5 s) after which a connection is given up as dead: a
-coordinator's node lost without a reset is noticed in seconds, not after TCP's ~15 minutes of retries."""
+"""Seconds of unacknowledged heartbeats before a connection is dead: a silent node in seconds, not TCP's ~15 min."""
 
 EVICTED_EXIT = 3
 """Exit code of a replica the coordinator dropped as hung (its launcher starts a replacement)."""
@@ -93,7 +93,8 @@ class ReplicaClient:
         self.progress: Progress | None = None
         """This rank's unit counter (:mod:`.progress`), which answers the coordinator's probe; set it before training."""
         self._refused: str | None = None
-        self._hello()
+        self._secret = shared_secret()  # $NVRX_LAB_REPLICA_SECRET
+        self._hello(self._challenge(self.sock))
         threading.Thread(target=self._read, daemon=True, name="nvrx-replica-reader").start()
         wait_for(self._welcome.is_set, connect_timeout, "the coordinator's welcome", interval=0.01, on_poll=liveness.beat)
         if self._refused is not None:
@@ -106,9 +107,30 @@ class ReplicaClient:
         with self._send_lock:
             self.sock.sendall(encode(message))
 
-    def _hello(self) -> None:
+    def _challenge(self, sock: socket.socket) -> str | None:
+        """With a shared secret: the nonce the coordinator opens with (its first line); a coordinator without is refused."""
+        if self._secret is None:
+            return None
+        line = b""
+        sock.settimeout(CHALLENGE_S)
+        try:
+            while not line.endswith(b"\n") and (byte := sock.recv(1)):
+                line += byte
+            msg = json.loads(line) if line.endswith(b"\n") else {}
+        except (OSError, ValueError):
+            msg = {}
+        finally:
+            sock.settimeout(None)  # blocking again, as _connect made it
+        if msg.get("op") != "challenge":
+            host, port = self.address
+            raise Refused(f"the coordinator at {host}:{port} asks for no shared secret and this rank has one "
+                          f"(${SECRET_ENV}): set the same one on the coordinator")
+        return msg["nonce"]
+
+    def _hello(self, nonce: str | None) -> None:
         self._send({"op": "hello", "version": VERSION, "replica": self.replica, "rank": self.rank, "ranks": self.ranks,
-                    "incarnation": self.incarnation, **self.position.hello()})
+                    "incarnation": self.incarnation, **self.position.hello(),
+                    **({"auth": proof(self._secret, nonce)} if nonce is not None else {})})
 
     def _read(self) -> None:
         while True:
@@ -135,15 +157,16 @@ class ReplicaClient:
             threading.Event().wait(delay)  # a backoff between attempts, not a wait for an event
             delay = min(2 * delay, 1.0)
         if sock is None:
-            print(f"[nvrx_lab.replicas] replica {self.replica} rank {self.rank}: no coordinator at {host}:{port} within "
-                  f"{self.reconnect_timeout:g} s", file=sys.stderr, flush=True)
+            if not self.closed:  # (closed: this rank said bye meanwhile)
+                print(f"[nvrx_lab.replicas] replica {self.replica} rank {self.rank}: no coordinator at {host}:{port} "
+                      f"within {self.reconnect_timeout:g} s", file=sys.stderr, flush=True)
             return False
         with self._send_lock:
             self.sock = sock
             self.reconnects += 1
             self._layout_due = self._layout is not None
         try:
-            self._hello()
+            self._hello(self._challenge(sock))
             with self._send_lock:
                 if self._join is not None and self._join[1] is not sock:
                     message = {**self._join[0], **({"layout": self._layout} if self._layout_due else {})}
@@ -151,6 +174,11 @@ class ReplicaClient:
                     self._join, self._layout_due = (message, sock), False
         except OSError:
             pass  # broke again at once: the next read fails and reconnects
+        except Refused as e:  # the restarted coordinator has no secret: a usage error, which no reconnect mends
+            self._dispatch({"op": "refused", "why": str(e)})
+        if self.on_abort is not None and self.position.qid:  # the dead coordinator's quorum: a reduction still waiting
+            self._aborted.add(self.position.qid)             # in it (a member that never heard it) is cut, and the
+            self.on_abort(self.position.qid)                 # restarted coordinator's first quorum redoes the step
         return True
 
     def _dispatch(self, msg: dict) -> None:

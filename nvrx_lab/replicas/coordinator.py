@@ -1,6 +1,6 @@
 """The coordinator: one small server that forms a quorum per step and says when a member failed.
 
-``python -m nvrx_lab.replicas.coordinator --port P --replicas R`` (a Deployment behind a Service on EKS). Every
+``python -m nvrx_lab.replicas.coordinator --port P --replicas R`` (a StatefulSet of one behind a Service on EKS). Every
 rank of every replica group holds one TCP connection to it (:mod:`.client`); group rank 0 joins once a step. Per
 step and replica: one request and one answer (O(1)); per fault: one notice to every rank. It decides:
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from .admission import Admission
 from .probe import Probes
-from .protocol import Quorum, encode, layout_mismatch, version_mismatch
+from .protocol import Quorum, auth_mismatch, encode, layout_mismatch, version_mismatch
 from .server import serve
 
 FIRST_QUORUM_TIMEOUT_S = 600.0  # as torch's rendezvous: a p5 pod may pull a ~28 GB image for minutes
@@ -57,7 +57,8 @@ class Coordinator:
     """The coordinator's state and decisions (:meth:`serve` runs it on a socket)."""
 
     def __init__(self, replicas: int, min_replicas: int = 1, beat_timeout: float = 5.0, emit=None,
-                 first_quorum_timeout: float = FIRST_QUORUM_TIMEOUT_S):
+                 first_quorum_timeout: float = FIRST_QUORUM_TIMEOUT_S, secret: bytes | None = None):
+        self.secret = secret  # the shared secret every hello must prove (None: none)
         self.expected, self.min_replicas, self.beat_timeout = replicas, min_replicas, beat_timeout
         self.admission = Admission(replicas, min_replicas, first_quorum_timeout)  # the first quorum (.admission)
         self.emit = emit or (lambda kind, **f: None)
@@ -76,12 +77,12 @@ class Coordinator:
         self._unjoined: set[int] = set()  # members of the current quorum that have not joined the next step
         self.probes = Probes(self)
 
-    def hello(self, conn: socket.socket, msg: dict) -> bool:
+    def hello(self, conn: socket.socket, msg: dict, nonce: str | None = None) -> bool:
         """A rank introduces itself (first, or again after this coordinator restarted: :mod:`.admission`); False:
         refused (another protocol version), and told why. A new process for a rank of a live group means the old one
         was replaced behind the coordinator's back (a node lost before its heartbeats timed out): the old group is
         dropped first, and told to exit if it still listens, so a zombie never trains beside its replacement."""
-        if (why := version_mismatch(msg)) is not None:
+        if (why := version_mismatch(msg) or auth_mismatch(self.secret, nonce, msg)) is not None:
             print(f"[nvrx_lab.replicas] error: {why}", file=sys.stderr, flush=True)
             self._send(conn, {"op": "refused", "why": why})
             return False
@@ -144,12 +145,14 @@ class Coordinator:
                         for conn in w.conns.values():
                             self._send(conn, {"op": "finished", "step": self.committed})
 
-    def lost(self, replica: int, conn: socket.socket, why: str = "its process exited (connection closed)") -> None:
-        """A rank's connection closed without a ``bye`` (its process is gone), or the rank said it failed."""
+    def lost(self, replica: int, conn: socket.socket, why: str = "its process exited (connection closed)",
+             evict: bool = True) -> None:
+        """A rank's connection closed without a ``bye`` (its process is gone, or only the connection broke: its group's
+        other ranks are told to exit for a replacement), or the rank said it failed (``evict=False``)."""
         with self.lock:
             m = self.members.get(replica)
             if m is not None and m.alive and any(c is conn for c in m.conns.values()):
-                self._fail(m, why, evict=True)  # its other ranks, if alive (one connection broke), exit for a replacement
+                self._fail(m, why, evict=evict)
 
     def check_beats(self) -> None:
         with self.lock:
@@ -271,6 +274,7 @@ class Coordinator:
 
 def main(argv: list[str] | None = None) -> int:
     from nvrx_lab.cli import Parser
+    from nvrx_lab.net import shared_secret
     from nvrx_lab.observe.events import EventLog
 
     ap = Parser(prog="python -m nvrx_lab.replicas.coordinator", description=__doc__.split("\n")[0])
@@ -285,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--metrics", default=None, help="event stream (quorums, losses)")
     a = ap.parse_args(argv)
     coord = Coordinator(a.replicas, a.min_replicas, a.beat_timeout, emit=EventLog(a.metrics, rank=-1).emit,
-                        first_quorum_timeout=a.first_quorum_timeout)
+                        first_quorum_timeout=a.first_quorum_timeout, secret=shared_secret())
     print(f"[nvrx_lab.replicas] coordinator on {a.host}:{a.port}, {a.replicas} replica groups", flush=True)
     serve(coord, a.host, a.port, store_port=a.store_port)
     return 0

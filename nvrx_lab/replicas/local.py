@@ -6,13 +6,14 @@
 
 Each replica group is ``torchrun --max-restarts K -m nvrx_lab.train --restart replicas --replica-id R ...`` with its
 event stream at ``OUT/replica<R>.jsonl`` and output at ``OUT/replica<R>.log``; torchrun replaces a failed group's
-workers (the replacement heals from a live replica). The coordinator runs in this process (on EKS: a Deployment
+workers (the replacement heals from a live replica). The coordinator runs in this process (on EKS: a StatefulSet
 behind a Service) and writes ``OUT/coordinator.jsonl``; ``--coordinator-fault STEP[:DELAY]`` crashes it once step
 ``STEP`` is committed (every connection and its store close, as when its process dies) and starts a new one on the same
 address ``DELAY`` seconds later (1 s by default), as a restarted pod behind its Service: the ranks reconnect and it
 rebuilds the quorum from what they report (:mod:`.admission`). The arguments after ``--`` go to every group's trainer; a
 fault's rank counts across the groups (replica id x ``--nproc`` + rank). At the end: one line per group, the
-ledger's line (:mod:`.ledger`), and the exit code of the worst group.
+ledger's line (:mod:`.ledger`), and the exit code of the worst group; each fault and heal is said as it happens, and
+what the faults cost the others at the end (:mod:`.console`).
 """
 
 from __future__ import annotations
@@ -28,11 +29,12 @@ import threading
 from pathlib import Path
 
 from nvrx_lab.dist import child_env
-from nvrx_lab.net import free_port, wait_for
+from nvrx_lab.net import free_port, listen, shared_secret, wait_for
 from nvrx_lab.observe.events import EventLog
 from nvrx_lab.runner import LOOPBACK, Torchrun, trainer
 
 from . import ledger
+from .console import Narrator
 from .coordinator import Coordinator
 from .server import serve
 
@@ -58,24 +60,30 @@ class CoordinatorHost:
         self.start()
 
     def start(self) -> None:
-        self.coord = Coordinator(self.replicas, self.min_replicas, emit=EventLog(self.events, rank=-1).emit)
+        self.coord = Coordinator(self.replicas, self.min_replicas, emit=EventLog(self.events, rank=-1).emit,
+                                 secret=shared_secret())  # $NVRX_LAB_REPLICA_SECRET, which every group inherits
         ready, self.stop = threading.Event(), threading.Event()
-        self.thread = threading.Thread(target=serve, args=(self.coord, LOOPBACK, self.port, ready, self.stop), daemon=True)
+        self.listener = listen(LOOPBACK, self.port)
+        self.thread = threading.Thread(target=serve, args=(self.coord, LOOPBACK, self.port, ready, self.stop),
+                                       kwargs={"server": self.listener}, daemon=True)
         self.thread.start()
         wait_for(ready.is_set, 30, "the coordinator to listen")
 
     def crash(self) -> None:
-        """The listening socket and the groups' store close, then every connection: a rank that reconnects at once
-        finds nobody (not the dying coordinator), and the dead one decides nothing more (its reader threads find no
-        member to drop)."""
-        self.stop.set()
-        self.thread.join(10)  # serve() returns: its server socket closes and its TCPStore is released
+        """At once, as a process's death: the listening socket closes (a rank that reconnects finds nobody, not the
+        dying coordinator), then every connection (the dead coordinator decides nothing more: its reader threads find
+        no member to drop); then its accept loop ends and the groups' store is released."""
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
         with self.coord.lock:
             conns = [c for m in self.coord.members.values() for c in m.conns.values()]
             self.coord.members, self.coord.emit = {}, lambda kind, **f: None
         for conn in conns:
             with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
+        self.stop.set()
+        self.thread.join(10)
+        self.listener.close()
 
     def fail_at(self, step: int, delay: float, deadline: float) -> None:
         """Crash once ``step`` is committed, and start a new coordinator ``delay`` seconds later (one line each)."""
@@ -83,8 +91,10 @@ class CoordinatorHost:
             wait_for(lambda: (self.coord.committed or 0) >= step, deadline, f"step {step} to commit", interval=0.05)
         except TimeoutError:
             return  # the job ended first
+        committed = self.coord.committed
         self.crash()
-        print(f"[nvrx_lab.replicas] FAULT coordinator killed after committed step {self.coord.committed}; a new one "
+        EventLog(self.events, rank=-1).emit("coordinator_killed", committed=committed, delay_s=delay)
+        print(f"[nvrx_lab.replicas] FAULT coordinator killed after committed step {committed}; a new one "
               f"starts on port {self.port} in {delay:g} s", flush=True)
         threading.Event().wait(delay)  # the restarted pod's start-up
         self.start()
@@ -99,7 +109,7 @@ def run_local(replicas: int, nproc: int, out: Path, train_args: list[str], max_r
     port = host.port
     if coordinator_fault is not None:
         threading.Thread(target=host.fail_at, args=(*coordinator_fault, timeout), daemon=True).start()
-    procs = []
+    procs, narrator = [], Narrator(out, replicas)
     try:
         for r in range(replicas):
             log = open(out / f"replica{r}.log", "w")
@@ -113,6 +123,7 @@ def run_local(replicas: int, nproc: int, out: Path, train_args: list[str], max_r
         for p in procs:
             _stop(p)
         host.stop.set()
+        narrator.stop()
     for r, p in enumerate(procs):
         print(f"replica {r}: exit {p.returncode} (log {out / f'replica{r}.log'})", flush=True)
     return max(p.returncode for p in procs)

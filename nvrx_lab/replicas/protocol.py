@@ -1,7 +1,11 @@
 """What the coordinator and the replicas say to each other, and how a step's batch is shared.
 
 One JSON object a line over one TCP connection a rank (:mod:`.client`, :mod:`.coordinator`), protocol
-:data:`VERSION`. A rank says:
+:data:`VERSION`. With a shared secret (``$NVRX_LAB_REPLICA_SECRET`` on the coordinator and every rank:
+:func:`nvrx_lab.net.shared_secret`) the coordinator opens every connection with ``{"op": "challenge", "nonce": n}``
+and a ``hello`` must carry ``"auth": HMAC-SHA256(secret, n)`` (:func:`proof`), or it is refused; a rank with a secret
+refuses a coordinator without one. (The groups' data plane is torch's: gloo and NCCL connections carry no
+authentication of their own.) A rank says:
 
 * ``hello`` — ``{"op": "hello", "version": V, "replica": R, "rank": K, "ranks": W, "incarnation": I,
   "committed": c, "qid": q}``: who it is (rank ``K`` of replica group ``R``, which has ``W`` ranks; ``I``: its
@@ -39,10 +43,13 @@ The coordinator says:
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
+
+from nvrx_lab.net import SECRET_ENV
 
 if TYPE_CHECKING:
     import torch
@@ -106,6 +113,21 @@ def layout(params: dict[str, torch.Tensor], ranks: int, **settings) -> dict:
     digest = hashlib.sha256(json.dumps([spec, ranks, sorted(settings.items())]).encode()).hexdigest()[:16]
     return {"digest": digest, "parameters": len(spec), "numel": sum(math.prod(s) for _, s, _ in spec),
             "dtypes": sorted({d for _, _, d in spec}), "ranks": ranks, **settings}
+
+
+def proof(key: bytes, nonce: str) -> str:
+    """What a ``hello`` answers a ``challenge`` with: HMAC-SHA256 of the nonce under the shared secret."""
+    return hmac.new(key, nonce.encode(), hashlib.sha256).hexdigest()
+
+
+def auth_mismatch(key: bytes | None, nonce: str | None, hello: dict) -> str | None:
+    """Why a ``hello`` is refused by a coordinator with the secret ``key`` (None: it is let in)."""
+    if key is None or (nonce is not None and hmac.compare_digest(str(hello.get("auth", "")), proof(key, nonce))):
+        return None
+    who = f"replica {hello.get('replica')} rank {hello.get('rank')}"
+    if "auth" not in hello:
+        return f"{who} has no shared secret and this coordinator has one: set ${SECRET_ENV} on every rank as on it"
+    return f"{who} answered with another shared secret than this coordinator's: ${SECRET_ENV} differs"
 
 
 def version_mismatch(hello: dict) -> str | None:

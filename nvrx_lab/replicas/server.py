@@ -5,6 +5,7 @@ process group meets (:mod:`.group`). ``python -m nvrx_lab.replicas.coordinator``
 from __future__ import annotations
 
 import json
+import secrets
 import socket
 import threading
 from datetime import timedelta
@@ -19,13 +20,16 @@ if TYPE_CHECKING:
 
 
 def _serve_connection(coord: Coordinator, conn: socket.socket) -> None:
-    replica = None
+    replica, nonce = None, None
     try:
+        if coord.secret is not None:  # the hello must prove the shared secret (protocol.proof)
+            nonce = secrets.token_hex(16)
+            coord._send(conn, {"op": "challenge", "nonce": nonce})
         for line in conn.makefile("rb"):
             msg = json.loads(line)
             op = msg.get("op")
             if op == "hello":
-                if not coord.hello(conn, msg):
+                if not coord.hello(conn, msg, nonce):
                     break
                 replica = msg["replica"]
             elif op == "join":
@@ -37,7 +41,7 @@ def _serve_connection(coord: Coordinator, conn: socket.socket) -> None:
             elif op == "progress":
                 coord.probes.answer(replica, msg["rank"], msg["id"], msg)
             elif op == "fail":
-                coord.lost(replica, conn, f"it failed ({msg['why']})")
+                coord.lost(replica, conn, f"it failed ({msg['why']})", evict=False)  # it exits by itself
             elif op == "bye":
                 coord.bye(replica)
     except (OSError, ValueError):
@@ -49,9 +53,10 @@ def _serve_connection(coord: Coordinator, conn: socket.socket) -> None:
 
 
 def serve(coord: Coordinator, host: str, port: int, ready: threading.Event | None = None,
-          stop: threading.Event | None = None, store_port: int = 0) -> None:
-    """Accept ranks on ``host:port`` (and host the groups' store beside it) until ``stop`` is set."""
-    server = listen(host, port)
+          stop: threading.Event | None = None, store_port: int = 0, server: socket.socket | None = None) -> None:
+    """Accept ranks on ``host:port`` (or on ``server``, a listening socket of the caller's) and host the groups' store
+    beside it, until ``stop`` is set or ``server`` is shut down."""
+    server = server or listen(host, port)
     store_sock = listen(host, store_port)  # 0: any free port (a pod's Service names a fixed one)
     coord.store_port = store_sock.getsockname()[1]
     store = dist.TCPStore(host, coord.store_port, is_master=True, wait_for_workers=False,  # noqa: F841 - held open
@@ -67,6 +72,8 @@ def serve(coord: Coordinator, host: str, port: int, ready: threading.Event | Non
             conn, _ = server.accept()
         except TimeoutError:
             continue
+        except OSError:  # the listening socket was shut down: the coordinator is gone
+            break
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         threading.Thread(target=_serve_connection, args=(coord, conn), daemon=True).start()
     server.close()
