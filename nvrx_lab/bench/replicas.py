@@ -19,7 +19,7 @@ Per system and fault, the medians of ``--runs`` runs:
 Ours also with the coordinator killed once step ``--fault-step`` is committed and a new one started on its address
 1 s later (``replicas.local --coordinator-fault``, as a restarted pod behind its Service): ``survivor_stall_x`` over the
 three steps from the kill, ``steps_lost`` the committed steps it went back (0: it goes on from the last one), and
-``heal_s`` from the kill to the first commit after it (the 1 s start-up included). A last row of ours: one run
+``heal_s`` from the kill to the restarted coordinator's first commit (the 1 s start-up included). A last row of ours: one run
 through ``--many`` faults (every kind, on every replica in turn), its ledger.
 ``--quick``: one run per fault, 6 faults in the long run.
 """
@@ -107,7 +107,7 @@ def measure_coordinator(out: Path, replicas: int, global_batch: int) -> dict:
     steps = {r: _steps(out, r) for r in range(replicas)}
     gaps = [g for s in steps.values() for g in _gaps(s).values()]
     before = [g for s in steps.values() for st, g in _gaps(s).items() if 2 < st <= killed[0]["committed"]]
-    after = [e["t"] for s in steps.values() for e in s if e["t"] > killed[0]["t"]]
+    after = [e["t"] for s in steps.values() for e in s if e["step"] >= resumed[0]["step"]]  # the new one's commits
     k = killed[0]["committed"]
     stall = max(g for s in steps.values() for st, g in _gaps(s).items() if k < st <= k + STALL_WINDOW)
     return {"steps": book.steps, "steps_lost": k - resumed[0]["committed"], "samples_lost": book.lost,
