@@ -13,6 +13,8 @@ step, the steps redone, and whether every replacement healed.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import statistics
 import sys
 import threading
@@ -28,7 +30,7 @@ class Narrator:
 
     def __init__(self, out: Path, replicas: int):
         self.out, self.replicas = out, replicas
-        self._seen: dict[int, int] = {r: 0 for r in range(replicas)}
+        self._read_to: dict[int, int] = {r: 0 for r in range(replicas)}  # bytes of each stream already said
         self._faults: dict[int, float] = {}  # replica -> the moment of its last fault
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._follow, daemon=True, name="nvrx-replicas-console")
@@ -40,12 +42,19 @@ class Narrator:
         self._read()
 
     def _read(self) -> None:
+        """The lines each stream gained since the last read (only whole lines: a writer may be mid-line)."""
         for r in range(self.replicas):
-            path = self.out / f"replica{r}.jsonl"
-            events = read_events(path) if path.exists() else []
-            for e in events[self._seen[r]:]:
-                self._say(r, e)
-            self._seen[r] = len(events)
+            try:
+                with open(self.out / f"replica{r}.jsonl", "rb") as f:
+                    f.seek(self._read_to[r])
+                    new = f.read()
+            except OSError:
+                continue
+            whole = new[:new.rfind(b"\n") + 1]
+            self._read_to[r] += len(whole)
+            for line in whole.splitlines():
+                with contextlib.suppress(ValueError):
+                    self._say(r, json.loads(line))
 
     def _say(self, replica: int, e: dict) -> None:
         if e["kind"] == "fault":
