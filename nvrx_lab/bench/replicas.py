@@ -69,7 +69,7 @@ def measure(out: Path, replicas: int, fault_step: int | None, global_batch: int)
     """One run's figures from its event streams (``fault_step`` None: a fault-free run)."""
     coord = read_events(out / "coordinator.jsonl")
     quorums = [e for e in coord if e["kind"] == "quorum"]
-    redos = sum(1 for a, b in zip(quorums, quorums[1:], strict=False) if b["step"] == a["step"])
+    redos = ledger.redone_steps(coord)
     book = ledger.check_dir(out, global_batch)
     survivors = [r for r in range(replicas) if fault_step is None or r != VICTIM]
     steps = {r: _steps(out, r) for r in survivors}
@@ -106,13 +106,13 @@ def measure_coordinator(out: Path, replicas: int, global_batch: int) -> dict:
     book = ledger.check_dir(out, global_batch)
     steps = {r: _steps(out, r) for r in range(replicas)}
     gaps = [g for s in steps.values() for g in _gaps(s).values()]
-    before = [g for s in steps.values() for st, g in _gaps(s).items() if 2 < st <= killed[0]["committed"]]
+    before = [g for s in steps.values() for st, g in _gaps(s).items() if 2 < st <= killed[0]["committed"]]  # warm
     after = [e["t"] for s in steps.values() for e in s if e["step"] >= resumed[0]["step"]]  # the new one's commits
-    k = killed[0]["committed"]
+    k, median = killed[0]["committed"], statistics.median(before or gaps)
     stall = max(g for s in steps.values() for st, g in _gaps(s).items() if k < st <= k + STALL_WINDOW)
     return {"steps": book.steps, "steps_lost": k - resumed[0]["committed"], "samples_lost": book.lost,
-            "samples_duplicated": book.duplicated, "median_step_s": statistics.median(before or gaps),
-            "survivor_stall_x": stall / statistics.median(before or gaps), "heal_s": min(after) - killed[0]["t"],
+            "samples_duplicated": book.duplicated, "median_step_s": median,
+            "survivor_stall_x": stall / median, "heal_s": min(after) - killed[0]["t"],
             "samples_per_s": (book.steps - 1) * global_batch / (max(s[-1]["t"] for s in steps.values())
                                                                - min(s[0]["t"] for s in steps.values()))}
 

@@ -22,6 +22,8 @@ from pathlib import Path
 
 from nvrx_lab.observe.events import read_events
 
+from . import ledger
+
 POLL_S = 0.2
 
 
@@ -79,8 +81,7 @@ def summary(out: Path, replicas: int) -> str:
     """The faults, the survivors' longest pause against their median step, the steps redone, the heals."""
     coord = read_events(out / "coordinator.jsonl") if (out / "coordinator.jsonl").exists() else []
     lost = [e for e in coord if e["kind"] == "replica_lost"]
-    quorums = [e for e in coord if e["kind"] == "quorum"]
-    redone = sum(1 for a, b in zip(quorums, quorums[1:], strict=False) if b["step"] == a["step"])
+    redone = ledger.redone_steps(coord)
     gaps, healed = [], 0
     for r in range(replicas):
         path = out / f"replica{r}.jsonl"

@@ -57,6 +57,12 @@ def check(coordinator_events: list[dict], replica_events: list[dict], global_bat
     return out
 
 
+def redone_steps(coordinator_events: list[dict]) -> int:
+    """Steps the members computed and did not commit: a quorum for the same step as the one before it (a redo)."""
+    quorums = [e for e in coordinator_events if e["kind"] == "quorum"]
+    return sum(1 for a, b in zip(quorums, quorums[1:], strict=False) if b["step"] == a["step"])
+
+
 def check_dir(folder: str | Path, global_batch: int) -> Ledger:
     """:func:`check` over a :mod:`.local` run's folder (``coordinator.jsonl``, ``replica*.jsonl``)."""
     folder = Path(folder)
