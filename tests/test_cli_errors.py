@@ -18,6 +18,7 @@ from nvrx_lab.bench.__main__ import available
 from nvrx_lab.bench.__main__ import main as bench_main
 from nvrx_lab.cli import check_writable
 from nvrx_lab.launcher.__main__ import main as launch_main
+from nvrx_lab.replicas.local import main as replicas_local_main
 from nvrx_lab.train.main import main as train_main
 
 TRAIN = ["-m", "nvrx_lab.train"]
@@ -68,6 +69,22 @@ def test_trainer_usage_error_is_one_line(args, needles, capsys):
 def test_launcher_usage_error_is_one_line(args, needles, capsys):
     line = one_error_line(in_process(launch_main, *args, capsys=capsys))
     assert all(n in line for n in needles), line
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("args, needles", [
+    (["--", "--stepz", "3"], ["unrecognized arguments: --stepz 3; did you mean --steps?", "python -m nvrx_lab.train"]),
+    (["--", "--steps", "3", "--faults", "1:9:exception"], ["--faults entry 1:9:exception: step 9 is outside"]),
+    (["--", "--faults", "6:2:exception"], ["rank 6 is not in this world of 6 rank(s) across 3 replica groups of 2"]),
+    (["--coordinator-fault", "x"], ["--coordinator-fault 'x': expected STEP[:DELAY]"]),
+])
+def test_replicas_local_says_a_groups_usage_error_before_starting_any(args, needles, capsys, tmp_path):
+    """Every group would exit 2 on it and the run would end with no step committed: said once, before any group."""
+    out = tmp_path / "out"
+    line = one_error_line(in_process(replicas_local_main, "--replicas", "3", "--nproc", "2", "--out", str(out), *args,
+                                     capsys=capsys))
+    assert all(n in line for n in needles), line
+    assert not out.exists()
 
 
 @pytest.mark.timeout(120)

@@ -61,6 +61,12 @@ def test_a_coordinator_statefulset_and_one_indexed_job_per_group_validate_strict
     assert args == ["--host=0.0.0.0", "--port=29600", "--store-port=29601", "--replicas=3", "--min-replicas=2",
                     "--metrics=/fsx/llama-rep/coordinator.jsonl"]
     assert 'exec python -m nvrx_lab.replicas.coordinator "${coordinator_args[@]}"' in c["args"][2]
+    # the shared key: one Secret, by reference and required, in the coordinator and every rank; never a value inline
+    key = {"name": "NVRX_LAB_REPLICA_SECRET",
+           "valueFrom": {"secretKeyRef": {"name": "llama-rep-replica-secret", "key": "secret"}}}
+    containers = [m["spec"]["template"]["spec"]["containers"][0] for m in ms if m["kind"] in ("StatefulSet", "Job")]
+    assert [[e for e in k["env"] if e["name"] == key["name"]] for k in containers] == [[key]] * 4
+    assert "kind: Secret" not in to_yaml(ms)
 
     jobs, services = find(ms, "Job"), find(ms, "Service")[1:]
     assert [j["metadata"]["name"] for j in jobs] == [f"llama-rep-g{r}" for r in range(3)]
@@ -88,8 +94,11 @@ def test_a_coordinator_statefulset_and_one_indexed_job_per_group_validate_strict
         assert tc["securityContext"]["capabilities"] == {"add": ["IPC_LOCK"]}
 
 
-def test_the_plan_maps_the_coordinators_service_to_loopback(tmp_path):
+def test_the_plan_maps_the_coordinators_service_to_loopback(tmp_path, monkeypatch):
+    monkeypatch.setenv("NVRX_LAB_REPLICA_SECRET", "this-machines")  # a pod never gets the machine's own
     job = LocalReplicas(render(spec(nodes=1)), LocalOptions(workdir=tmp_path))  # planned, not entered: nothing runs
+    keys = {p.env["NVRX_LAB_REPLICA_SECRET"] for run in (job.coordinator, *job.groups) for p in run.run.pods}
+    assert len(keys) == 1 and len(keys.pop()) == 64  # the Secret a cluster holds, made once with a random value
     coordinator_env = job.coordinator.run.pods[0].env
     assert coordinator_env["LISTEN_HOST"] == "127.0.0.1"  # a local run listens on loopback only
     quorum, store = job.coordinator.run.ports[29600], job.coordinator.run.ports[29601]

@@ -10,6 +10,8 @@ the controllers would:
   nothing to guard here (no drain, no consolidation) and is left out;
 * **each group** — a :class:`~nvrx_lab.eks.local_job.LocalJob` of its own, under the Job controller's rules
   (``backoffLimit``, ``podFailurePolicy``), whose pods dial the coordinator through those ports;
+* **the shared secret** — the Secret ``<name>-replica-secret`` that a cluster holds is made here with a random value
+  (unless ``options.secrets`` passes one), so the groups authenticate to the coordinator as on EKS;
 * **one folder** — every Job shares ``workdir``, so the FSx claim is one directory and ``coordinator.jsonl`` and the
   groups' ``replica<r>.jsonl`` land side by side, as on FSx (:func:`nvrx_lab.replicas.ledger.check_dir` reads them).
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import secrets
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -30,7 +33,7 @@ from pathlib import Path
 
 from nvrx_lab.eks.local_job import OVER, LocalJob, LocalOptions
 from nvrx_lab.eks.local_pods import LocalRun
-from nvrx_lab.net import wait_for
+from nvrx_lab.net import SECRET_ENV, wait_for
 
 COORDINATOR_RESTARTS = 1000
 """A StatefulSet never gives up on its pod: the coordinator's failed attempts allowed in a local run."""
@@ -79,6 +82,17 @@ def coordinator_job(sts: dict) -> dict:
                      "backoffLimit": COORDINATOR_RESTARTS, "template": copy.deepcopy(sts["spec"]["template"])}}
 
 
+def _with_secrets(options: LocalOptions, manifests: list[dict]) -> LocalOptions:
+    """``options`` with a random value for each Secret of the shared key that it does not pass: what
+    ``kubectl create secret`` (:func:`~nvrx_lab.eks.replicas.secret_command`) does once on a cluster."""
+    refs = {(e["valueFrom"]["secretKeyRef"]["name"], e["valueFrom"]["secretKeyRef"]["key"])
+            for m in manifests if m.get("kind") in ("StatefulSet", "Job")
+            for c in m["spec"]["template"]["spec"]["containers"] for e in c.get("env", [])
+            if e["name"] == SECRET_ENV and "secretKeyRef" in e.get("valueFrom", {})}
+    made = {ref: secrets.token_hex(32) for ref in refs if ref not in options.secrets}
+    return dataclasses.replace(options, secrets={**options.secrets, **made}) if made else options
+
+
 class LocalReplicas:
     """The coordinator and every group's Job of ``manifests``, one :meth:`poll` at a time; a context manager: entering
     starts the coordinator and then the groups, leaving stops whatever still runs (the coordinator last)."""
@@ -88,7 +102,7 @@ class LocalReplicas:
         name = sts["metadata"]["name"]
         own = ("StatefulSet", "PodDisruptionBudget", "Service", "Job")
         shared = [m for m in manifests if m.get("kind") not in own]  # ConfigMaps, storage
-        self.options = options or LocalOptions()
+        self.options = _with_secrets(options or LocalOptions(), manifests)
         if self.options.workdir is None:  # one folder for every Job: one FSx claim, side by side
             self.options = dataclasses.replace(self.options, workdir=tempfile.mkdtemp(prefix=f"local-{name}-"))
         self.coordinator = LocalJob([coordinator_job(sts), _one(manifests, "Service", name), *shared], self.options)

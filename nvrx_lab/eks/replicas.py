@@ -5,6 +5,7 @@
     <name>-coordinator     Service (ClusterIP): the quorum port P and the TCPStore port P+1
     <name>-coordinator     StatefulSet, 1 replica: python -m nvrx_lab.replicas.coordinator, CPU only
     <name>-coordinator     PodDisruptionBudget, minAvailable 1: no drain or consolidation evicts the coordinator
+    <name>-replica-secret  (not rendered: made once, see secret_command) the coordinator's and every rank's key
     <name>-g<r>            headless Service of group r: pod DNS <name>-g<r>-<i>.<name>-g<r>
     <name>-g<r>            Indexed Job of group r: N pods, torchrun's c10d rendezvous on its index 0
 
@@ -28,6 +29,11 @@ Each group's Job is the torchrun modes' Job (:func:`nvrx_lab.eks.render.job`: th
   evicting it voluntarily. It runs on a CPU node (no GPU taints tolerated), behind a ClusterIP Service whose name
   survives a replaced pod. It tells every rank its TCPStore's port, so the groups dial ``<name>-coordinator`` on
   both ports and the Service forwards both.
+* **A shared secret** (``$NVRX_LAB_REPLICA_SECRET``, :func:`nvrx_lab.net.shared_secret`): the coordinator opens each
+  connection with a nonce and a rank answers with its HMAC, so only this job's ranks join its quorums. Every pod reads
+  it from the Secret ``<name>-replica-secret`` (key ``secret``), which is never rendered (a manifest in git would
+  publish it): :func:`secret_command` makes it once, with a random value. The reference is not optional: a pod without
+  the Secret stays in ``CreateContainerConfigError`` saying so, rather than start and be refused.
 * **Event streams** land in the run's folder on FSx: ``coordinator.jsonl`` and ``replica<r>.jsonl``, the files
   :func:`nvrx_lab.replicas.ledger.check_dir` reads to prove every sample was trained exactly once.
 """
@@ -38,11 +44,14 @@ import copy
 
 from nvrx_lab.eks.commands import Flag, flag_array
 from nvrx_lab.eks.spec import JobSpec
+from nvrx_lab.net import SECRET_ENV
 
 GROUP_LABEL = "nvrx-lab/replica-group"
 """The replica group of a group's Job, Service and pods: its headless Service selects only its own pods."""
 COMPONENT = "app.kubernetes.io/component"
 CONTAINER = "coordinator"
+SECRET_KEY = "secret"
+"""The key of the shared secret in the Secret ``<name>-replica-secret``."""
 DO_NOT_DISRUPT = {"karpenter.sh/do-not-disrupt": "true"}
 """Karpenter never consolidates (or otherwise voluntarily disrupts) the node of a pod with this annotation."""
 RESOURCES = {"cpu": "1", "memory": "2Gi"}
@@ -51,6 +60,21 @@ RESOURCES = {"cpu": "1", "memory": "2Gi"}
 
 def coordinator_name(s: JobSpec) -> str:
     return f"{s.name}-coordinator"
+
+
+def secret_name(s: JobSpec) -> str:
+    return f"{s.name}-replica-secret"
+
+
+def secret_command(s: JobSpec) -> str:
+    """The one command that makes the job's Secret with a random 32-byte key (before the first apply)."""
+    return (f"kubectl -n {s.namespace} create secret generic {secret_name(s)} "
+            f'--from-literal={SECRET_KEY}="$(openssl rand -hex 32)"')
+
+
+def secret_env(s: JobSpec) -> dict:
+    """The container's ``$NVRX_LAB_REPLICA_SECRET``, by reference to the Secret (required: never started without)."""
+    return {"name": SECRET_ENV, "valueFrom": {"secretKeyRef": {"name": secret_name(s), "key": SECRET_KEY}}}
 
 
 def group_name(s: JobSpec, r: int) -> str:
@@ -119,7 +143,7 @@ def statefulset(s: JobSpec, meta: dict, pod_labels: dict[str, str], group_pod: d
     container = {
         "name": CONTAINER, "image": s.image, "imagePullPolicy": s.image_pull_policy,
         "args": ["/bin/bash", "-c", coordinator_script(s)],
-        "env": [{"name": k, "value": v} for k, v, _ in coordinator_env(s)],
+        "env": [*({"name": k, "value": v} for k, v, _ in coordinator_env(s)), secret_env(s)],
         "ports": [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in _ports(s)],
         "readinessProbe": {"tcpSocket": {"port": "quorum"}, "periodSeconds": 2},
         "resources": {"requests": dict(RESOURCES), "limits": {"memory": RESOURCES["memory"]}},
@@ -160,6 +184,7 @@ def group(s: JobSpec, service: dict, job: dict, r: int) -> list[dict]:
     pod["subdomain"] = name
     for term in pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]:
         term["labelSelector"]["matchLabels"][COMPONENT] = "training"  # one training pod per node, whatever its group
+    pod["containers"][0]["env"].append(secret_env(s))
     env = {e["name"]: e for e in pod["containers"][0]["env"]}
     env["RANK0_HOST"]["value"] = f"{name}-0.{name}"
     env["REPLICA_ID"]["value"] = str(r)

@@ -16,8 +16,9 @@ import yaml
 
 from nvrx_lab.eks.modes import MODES
 from nvrx_lab.eks.render import env_vars, fsx_storage, namespace, render
-from nvrx_lab.eks.replicas import coordinator_env
+from nvrx_lab.eks.replicas import SECRET_KEY, coordinator_env, secret_command, secret_name
 from nvrx_lab.eks.spec import JobSpec
+from nvrx_lab.net import SECRET_ENV
 
 KEY_WHY = {
     "completionMode": "Indexed: pod i gets hostname <job>-i and JOB_COMPLETION_INDEX=i (its node rank)",
@@ -80,7 +81,9 @@ _Dumper.add_representer(str, _str)
 
 def comments_for(spec: JobSpec) -> dict[str, str]:
     """Environment variable name -> reason, for :func:`to_yaml`."""
-    coordinator = {name: why for name, _, why in coordinator_env(spec)} if spec.mode_info.replicated else {}
+    coordinator = ({name: why for name, _, why in coordinator_env(spec)} | {
+        SECRET_ENV: f"from Secret {secret_name(spec)}/{SECRET_KEY}: never rendered, the header says how to make it"}
+        if spec.mode_info.replicated else {})
     return coordinator | {name: why for name, _, why in env_vars(spec)} | {
         "JOB_COMPLETION_INDEX": "node rank, from the pod's completion-index annotation (downward API)",
         **{var: f"from Secret {ref} (never inline)" for var, ref in spec.secret_env.items()},
@@ -137,8 +140,10 @@ def manifest_files(nodes: int = 2, **overrides) -> dict[str, str]:
             groups = dict(replica_groups=3, min_replicas=2) if MODES[name].replicated else {}
             spec = dataclasses.replace(base, name=f"nvrx-{mode_slug(name)}", mode=name, workload=workload,
                                        fsx_volume_handle="", fsx_dns_name="", fsx_mount_name="", **groups)
-            files[f"{prefix}-{mode_slug(name)}.yaml"] = to_yaml(
-                render(spec), comments_for(spec), header=f"{stamp}\nmode {name} as {what}: {spec.mode_info.summary}.")
+            head = f"{stamp}\nmode {name} as {what}: {spec.mode_info.summary}."
+            if spec.mode_info.replicated:
+                head += f"\nOnce, before the first apply (the coordinator's and every rank's key):\n  {secret_command(spec)}"
+            files[f"{prefix}-{mode_slug(name)}.yaml"] = to_yaml(render(spec), comments_for(spec), header=head)
     return files
 
 

@@ -152,6 +152,22 @@ def _stop(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+def check_train_args(train_args: list[str], replicas: int, nproc: int, out: Path) -> None:
+    """The trainer's checks of a group's command line, here, before anything starts: a usage error is one ``error:``
+    line and exit 2, as the trainer says it (every group would say it and exit 2, and no step would commit)."""
+    from nvrx_lab.cli import parse_dataclass
+    from nvrx_lab.train.config import TrainConfig
+    from nvrx_lab.train.layers import check_flags
+
+    worker = group_argv(0, replicas, nproc, f"{LOOPBACK}:1", out, train_args, 0)
+    cfg = parse_dataclass(TrainConfig, worker[worker.index("nvrx_lab.train") + 1:], prog="python -m nvrx_lab.train")
+    try:
+        check_flags(cfg, nproc)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+
+
 def global_batch_of(train_args: list[str]) -> int:
     from nvrx_lab.train.config import TrainConfig
 
@@ -190,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--coordinator-fault {a.coordinator_fault!r}: expected STEP[:DELAY], a step >= 1 and seconds >= 0 "
                      "(e.g. 4:2)")
     out = Path(a.out)
+    check_train_args(train_args, a.replicas, a.nproc, out)
     code = run_local(a.replicas, a.nproc, out, train_args, a.max_restarts, a.timeout, a.min_replicas, fault)
     print(ledger.check_dir(out, global_batch_of(train_args)).line(), flush=True)
     return code
