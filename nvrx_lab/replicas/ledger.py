@@ -4,6 +4,10 @@ Each rank writes a ``ledger`` event when its part of a step's reduction complete
 and the rows of the global batch whose gradients it contributed. The coordinator's ``quorum`` events say which
 steps were committed. A committed step's rows are those of its last reduction (an aborted step is redone under a
 new quorum); their union must be the whole global batch, every row once.
+
+The rows say what was trained; the ``fingerprint`` events (:mod:`.fingerprint`) say what it became: every few
+committed steps, rank ``k`` of each replica reports sums over its shard of the parameters and the optimizer's state,
+which must be equal across the replicas.
 """
 
 from __future__ import annotations
@@ -24,15 +28,25 @@ class Ledger:
     duplicated: int = 0
     """Rows trained more than once in a committed step."""
     bad_steps: list[int] = field(default_factory=list)
+    fingerprinted: int = 0
+    """Steps whose replicas' fingerprints were compared."""
+    diverged: list[str] = field(default_factory=list)
+    """Each step and rank whose replicas' fingerprints differ, one line each."""
 
     @property
     def exact(self) -> bool:
         return self.lost == 0 and self.duplicated == 0
 
+    @property
+    def agree(self) -> bool:
+        return not self.diverged
+
     def line(self) -> str:
         verdict = "every row exactly once" if self.exact else f"steps {self.bad_steps[:5]} wrong"
+        prints = (f"; the replicas' parameters agree at {self.fingerprinted} fingerprinted steps" if self.agree else
+                  f"; the replicas' parameters DIFFER at {len(self.diverged)} (step, rank): {self.diverged[0]}")
         return (f"ledger: {self.steps} committed steps, {self.lost} samples lost, {self.duplicated} duplicated "
-                f"({verdict})")
+                f"({verdict}){prints if self.fingerprinted else ''}")
 
 
 def check(coordinator_events: list[dict], replica_events: list[dict], global_batch: int) -> Ledger:
@@ -54,7 +68,36 @@ def check(coordinator_events: list[dict], replica_events: list[dict], global_bat
         out.lost, out.duplicated = out.lost + lost, out.duplicated + dup
         if lost or dup:
             out.bad_steps.append(step)
+    prints = _fingerprints(replica_events)
+    out.fingerprinted = len({step for step, _ in prints})
+    out.diverged = [f"step {step} rank {rank}: " + ", ".join(f"replica {r} {v}" for r, v in sorted(by.items()))
+                    for (step, rank), by in sorted(prints.items()) if len(set(by.values())) > 1]
     return out
+
+
+FINGERPRINT_KINDS = ("params", "optimizer")
+
+
+def _fingerprints(events: list[dict]) -> dict[tuple[int, int], dict[int, tuple[float, ...]]]:
+    """(step, rank) -> replica -> its fingerprint."""
+    out: dict[tuple[int, int], dict[int, tuple[float, ...]]] = defaultdict(dict)
+    for e in events:
+        if e["kind"] == "fingerprint":
+            out[(e["step"], e["rank"])][e["replica"]] = tuple(x for k in FINGERPRINT_KINDS for x in e[k])
+    return out
+
+
+def fingerprint_gap(a: list[dict], b: list[dict]) -> dict[int, float]:
+    """Step -> the largest relative difference between two runs' fingerprints (each rank of replica 0): a faulty run
+    against a fault-free one, whose redo summed the same rows in another order."""
+    pa, pb = _fingerprints(a), _fingerprints(b)
+    gaps: dict[int, float] = {}
+    for key in sorted(pa.keys() & pb.keys()):
+        x, y = pa[key].get(0), pb[key].get(0)
+        if x is not None and y is not None:
+            gap = max(abs(u - v) / max(abs(u), abs(v), 1e-12) for u, v in zip(x, y, strict=True))
+            gaps[key[0]] = max(gaps.get(key[0], 0.0), gap)
+    return gaps
 
 
 def redone_steps(coordinator_events: list[dict]) -> int:

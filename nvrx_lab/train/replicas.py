@@ -30,6 +30,7 @@ from torch.distributed.tensor import DTensor
 
 from nvrx_lab.faults import FaultInjector
 from nvrx_lab.replicas.client import JobFinished, Refused, ReplicaClient, StateLost
+from nvrx_lab.replicas.fingerprint import fingerprint
 from nvrx_lab.replicas.group import StepAborted
 from nvrx_lab.replicas.plane import Plane
 from nvrx_lab.replicas.progress import Progress
@@ -169,6 +170,9 @@ def _train(cfg: TrainConfig, attempt: Attempt) -> dict:
                 if rank == 0:
                     events.emit("step", step=state.step, loss=losses[-1], step_time=periods[-1], replica=rc.replica_id,
                                 members=len(quorum.members))
+                if rc.fingerprint_every and state.step % rc.fingerprint_every == 0:
+                    events.emit("fingerprint", step=state.step, replica=rc.replica_id,
+                                **fingerprint(state.model, state.optimizer))
                 work = None
             if quorum.resumed or joiner:  # a restarted coordinator: a step computed, not committed, is computed again
                 if quorum.resumed:
