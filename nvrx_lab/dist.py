@@ -125,10 +125,13 @@ _meshes: weakref.WeakSet[DeviceMesh] = weakref.WeakSet()
 """The meshes :func:`device_mesh` built, whose groups :func:`join_group_threads` lets go of."""
 
 
-def device_mesh(device: torch.device) -> DeviceMesh:
-    """A 1-D mesh of every rank on ``device``'s type, remembered so that :func:`join_group_threads` can let go of
-    its group when the group is destroyed."""
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+def device_mesh(device: torch.device, replicate: int = 1) -> DeviceMesh:
+    """A mesh of every rank on ``device``'s type, remembered so that :func:`join_group_threads` can let go of its
+    groups when the group is destroyed: 1-D (FSDP over every rank), or ``(replicate, world / replicate)`` with dims
+    ``replicate`` and ``shard`` (HSDP: FSDP2 shards over the second and all-reduces over the first)."""
+    world = dist.get_world_size()
+    mesh = (init_device_mesh(device.type, (world,)) if replicate == 1 else
+            init_device_mesh(device.type, (replicate, world // replicate), mesh_dim_names=("replicate", "shard")))
     _meshes.add(mesh)
     return mesh
 

@@ -185,6 +185,7 @@ def test_bad_replica_settings_name_the_flag():
     (["--restart", "replicas", "--coordinator", "127.0.0.1:1", "--replicas", "2", "--replica-id", "2"], "--replica-id"),
     (["--coordinator", "127.0.0.1:1"], "--restart replicas"),
     (["--restart", "replicas", "--coordinator", "127.0.0.1:1", "--ckpt", "async"], "--ckpt"),
+    (["--restart", "replicas", "--coordinator", "127.0.0.1:1", "--replicate", "2"], "--replicate 1"),
 ])
 def test_the_trainer_refuses_a_replica_usage_error_in_one_line(flags, names, tmp_path, monkeypatch, capsys):
     """In this process (a real process's console: ``test_cli_errors.py``)."""
@@ -576,3 +577,14 @@ def test_with_a_shared_secret_a_hello_must_prove_it_and_a_rank_refuses_a_coordin
             ReplicaClient("127.0.0.1", port, replica=0, rank=0, ranks=1, connect_timeout=10)
     finally:
         stop.set()
+
+
+def test_the_bench_puts_the_data_planes_bytes_on_p5_beside_its_figures():
+    """Llama 3.1 8B, one p5 node a group: a rank's float32 shard is 8.03e9 x 4 / 8 = 4.0 GB; a ring over 8 groups moves
+    7/4 of it, 7.0 GB, 0.14 s at EFA's 400 Gb/s a GPU and 5.6 s over one 10 Gb/s TCP flow."""
+    from nvrx_lab.bench._replicas_shape import grad_mb, p5_rows
+
+    row = next(r for r in p5_rows() if r["model"] == "llama3.1-8b" and r["groups"] == 8)
+    assert row["moved_gb"] == pytest.approx(7.03, abs=0.01) and row["efa_s"] == pytest.approx(0.1405, abs=1e-3)
+    assert row["tcp_flow_s"] == pytest.approx(5.62, abs=0.01)
+    assert grad_mb() >= 50  # the overhead row's model is not toy sized

@@ -21,13 +21,17 @@ def losses(path) -> list[float]:
 
 
 @pytest.mark.timeout(150)
-def test_two_ranks_reproduce_the_loss_curve_bit_for_bit(torchrun, tmp_path):
+def test_two_ranks_reproduce_the_loss_curve_bit_for_bit_and_hsdp_trains_it_too(torchrun, tmp_path):
     curves = []
     for run in range(2):
         metrics = tmp_path / f"run{run}.jsonl"
         res = torchrun(2, "-m", "nvrx_lab.train", *SMALL, "--metrics", str(metrics))
         assert res.returncode == 0, res.stdout[-3000:]
         curves.append(losses(metrics))
+    metrics = tmp_path / "hsdp.jsonl"  # HSDP (a 2-D mesh: replicated twice, sharded over one rank) trains the same
+    res = torchrun(2, "-m", "nvrx_lab.train", *SMALL, "--replicate", "2", "--metrics", str(metrics))
+    assert res.returncode == 0, res.stdout[-3000:]
+    assert losses(metrics) == pytest.approx(curves[0], rel=1e-6, abs=0)
     assert len(curves[0]) == 8
     assert curves[0] == curves[1]  # exact float equality, not approx
     assert curves[0][-1] < curves[0][0]  # it learns
@@ -69,6 +73,9 @@ def test_single_process_matches_the_two_rank_curve_closely(tmp_path):
     [
         (["--global-batch", "3"], "--global-batch 3 does not divide by the world size 2"),
         (["--steps", "-1"], "--steps must be >= 0"),
+        (["--replicate", "3"], "--replicate 3 does not divide the world size 2: HSDP shards over world/N ranks; pass a "
+                               "divisor of 2"),
+        (["--replicate", "0"], "--replicate must be >= 1 (1: FSDP over every rank), got 0"),
     ],
 )
 def test_bad_config_names_the_flag(flags, message, monkeypatch, capsys):

@@ -21,7 +21,10 @@ Ours also with the coordinator killed once step ``--fault-step`` is committed an
 three steps from the kill, ``steps_lost`` the committed steps it went back (0: it goes on from the last one), and
 ``heal_s`` from the kill to the restarted coordinator's first commit (the 1 s start-up included). A last row of ours: one run
 through ``--many`` faults (every kind, on every replica in turn), its ledger.
-``--quick``: one run per fault, 6 faults in the long run.
+Fault-free at a job's shape (:mod:`._replicas_shape`): ``overhead_x``, replica groups' step ÷ plain HSDP's over the
+same 6 ranks and global batch (56 MB of gradients, a step of about a second), and the data plane's bytes and time per
+step on p5 for Llama 3.1 8B and 70B.
+``--quick``: one run per fault, 6 faults in the long run, one HSDP/replica-groups pair.
 """
 
 from __future__ import annotations
@@ -34,9 +37,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from nvrx_lab.bench._replicas_shape import EFA_GBPS_PER_GPU, TCP_FLOW_GBPS, WARM, overhead, p5_rows
 from nvrx_lab.cli import Parser
 from nvrx_lab.observe.events import read_events
-from nvrx_lab.observe.table import exit_status, report
+from nvrx_lab.observe.table import exit_status, format_table, report
 from nvrx_lab.replicas import ledger
 from nvrx_lab.replicas.local import run_local
 
@@ -180,14 +184,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fault-step", type=int, default=20, help="the step the fault hits replica 1 at (default 20)")
     ap.add_argument("--dim", type=int, default=64, help="the model's width (default 64: a ~15 ms step here)")
     ap.add_argument("--many", type=int, default=20, help="faults of the long run (default 20; 0: no long run)")
+    ap.add_argument("--overhead-pairs", type=int, default=3,
+                    help="alternations of plain HSDP and replica groups at a job's shape, fault-free (default 3, "
+                         "--quick 1; 0: none): the overhead_x row")
+    ap.add_argument("--overhead-steps", type=int, default=16, help="steps of each of those runs (default 16)")
     ap.add_argument("--peers", choices=["auto", "no"], default="auto", help="torchft rows when installed (auto)")
     ap.add_argument("--out", default="build/bench/replicas.json")
     a = ap.parse_args(argv)
     if not 4 <= a.fault_step <= a.steps - 4:
         ap.error(f"--fault-step must be in 4..--steps - 4 ({a.steps - 4}), got {a.fault_step}")
     runs, many = (1, min(a.many, 6)) if a.quick else (a.runs, a.many)
+    pairs = min(a.overhead_pairs, 1) if a.quick else a.overhead_pairs
     if runs < 1:
         ap.error(f"--runs must be >= 1, got {runs}")
+    if pairs < 0 or a.overhead_steps < WARM + 3:
+        ap.error(f"--overhead-pairs must be >= 0 and --overhead-steps >= {WARM + 3}, got {pairs} and {a.overhead_steps}")
     rows, failed = [], []
     with tempfile.TemporaryDirectory(prefix="nvrx-replicas-") as tmp:
         root = Path(tmp)
@@ -198,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
             done, errors = _repeat(lambda k=kind: ours(root, k, a.steps, a.fault_step, dim=a.dim), runs, f"ours {kind}")
             rows.append(_median_row("nvrx_lab", kind, done, clean, errors))
         rows += torchft_rows(root, a, runs)
+        if pairs:
+            done, errors = _repeat(lambda: overhead(root, pairs, a.overhead_steps), 1, "ours vs HSDP")
+            rows.append(done[0] if done else _median_row("nvrx_lab", "none: vs HSDP", [], None, errors))
         if many:
             spec, steps = many_faults(many)
             done, errors = _repeat(lambda: ours(root, None, steps, 0, faults=spec, min_replicas=3), 1,
@@ -205,9 +219,12 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(_median_row("nvrx_lab", f"{many} faults", done, None, errors))
     failed = [f"{r['system']} {r['fault']}" for r in rows if r.get("error")]
     command = ("python -m nvrx_lab.bench replicas " + shlex.join(argv if argv is not None else sys.argv[1:])).strip()
-    report("replicas", rows, a.out, command, columns=[
+    p5 = p5_rows()
+    print(f"The data plane on p5 (a rank's float32 gradient shard, one node a group; EFA {EFA_GBPS_PER_GPU:g} Gb/s a "
+          f"GPU, one TCP flow {TCP_FLOW_GBPS:g} Gb/s):\n{format_table(p5)}\n")
+    report("replicas", rows, a.out, command, extra={"p5": p5}, columns=[
         "system", "fault", "runs", "survivor_stall_x", "steps_lost", "heal_s", "start_s", "transfer_s", "samples_lost",
-        "samples_duplicated", "goodput", "median_step_s", "wall_s"])
+        "samples_duplicated", "goodput", "overhead_x", "median_step_s", "hsdp_step_s", "grad_mb", "wall_s"])
     return exit_status(failed)
 
 

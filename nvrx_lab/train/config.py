@@ -84,6 +84,9 @@ class TrainConfig(Settings):
     """auto: this rank's GPU when CUDA is available (NCCL), else the CPU (gloo)."""
     threads: int = 0
     """Intra-op CPU threads per rank; 0 = cores / local ranks."""
+    replicate: int = 1
+    """HSDP: shard the model over groups of world/N ranks and replicate it N times (FSDP2 on a 2-D mesh; a p5 job
+    shards within a node and replicates across nodes); 1: FSDP over every rank."""
     pg_timeout: float = 90.0
     """Seconds before a collective gives up; under in-process restart on GPUs it must exceed --hard-timeout
     (the wrapper, not NCCL's watchdog, decides about a hang)."""
@@ -115,6 +118,8 @@ class TrainConfig(Settings):
     def __post_init__(self):
         if self.steps < 0:
             raise ValueError(f"--steps must be >= 0, got {self.steps}")
+        if self.replicate < 1:
+            raise ValueError(f"--replicate must be >= 1 (1: FSDP over every rank), got {self.replicate}")
         if self.straggler.action == "restart" and not self.restart.inprocess:
             raise ValueError(f"--straggler-action restart needs --restart inprocess or launcher+inprocess (got --restart "
                              f"{self.restart.mode}): the straggler leaves at an in-process restart")
@@ -127,6 +132,9 @@ class TrainConfig(Settings):
                                  "(yet): use --ckpt none and no --local-ckpt-interval")
             if self.straggler.interval:
                 raise ValueError("--restart replicas has no straggler detection (yet): leave --straggler-interval 0")
+            if self.replicate != 1:
+                raise ValueError("--restart replicas replicates across its groups already (each group one FSDP copy): "
+                                 "leave --replicate 1")
         elif self.replicas.coordinator:
             raise ValueError(f"--coordinator is for --restart replicas (got --restart {self.restart.mode})")
 
@@ -135,3 +143,6 @@ def check_config(cfg: TrainConfig, world_size: int) -> None:
     """What no process could train at ``world_size`` ranks (the rest each section checked when it was built)."""
     if cfg.global_batch % world_size:
         raise ValueError(f"--global-batch {cfg.global_batch} does not divide by the world size {world_size}")
+    if world_size % cfg.replicate:
+        raise ValueError(f"--replicate {cfg.replicate} does not divide the world size {world_size}: HSDP shards over "
+                         f"world/N ranks; pass a divisor of {world_size}")

@@ -17,10 +17,11 @@ from nvrx_lab.train.model import Transformer
 
 def build_model(cfg: TrainConfig, device: torch.device) -> torch.nn.Module:
     """Same initial weights on every rank (seeded), then ``fully_shard`` per block and the root, on a mesh
-    of this device type (FSDP2's default mesh takes the accelerator whenever one exists, --device cpu too)."""
+    of this device type (FSDP2's default mesh takes the accelerator whenever one exists, --device cpu too); with
+    ``--replicate N``, HSDP: a 2-D mesh, sharded within groups of world/N ranks and replicated across them."""
     torch.manual_seed(cfg.seed)
     model = Transformer(cfg.model).to(device)
-    mesh = device_mesh(device) if dist.is_initialized() else None
+    mesh = device_mesh(device, cfg.replicate) if dist.is_initialized() else None
     for block in model.blocks:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
