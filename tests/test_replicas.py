@@ -74,7 +74,7 @@ def test_gradients_go_out_in_buckets_of_one_dtype_and_come_back_to_their_paramet
     the update takes each parameter's gradient back from them (times ranks / global batch)."""
     from types import SimpleNamespace
 
-    from nvrx_lab.train import replicas as trainer
+    from nvrx_lab.replicas import step as trainer
 
     monkeypatch.setattr(trainer, "BUCKET_BYTES", 64)
     torch.manual_seed(0)
@@ -93,7 +93,7 @@ def test_gradients_go_out_in_buckets_of_one_dtype_and_come_back_to_their_paramet
 
     work = object.__new__(trainer.ReplicaStep)
     work.params, work.step = params, 1
-    work.cfg, work.attempt = SimpleNamespace(global_batch=4), SimpleNamespace(world_size=1)
+    work.global_batch, work.group = 4, SimpleNamespace(world_size=1)
     work.state = SimpleNamespace(optimizer=Seen(), data=SimpleNamespace(position=0))
     buckets = work.buckets()
     # 64 + 16 bytes of float32 (cut at 64), 20 of bfloat16, 40 + 20 of float32
@@ -184,7 +184,8 @@ def test_bad_replica_settings_name_the_flag():
     (["--restart", "replicas"], "--coordinator"),
     (["--restart", "replicas", "--coordinator", "127.0.0.1:1", "--replicas", "2", "--replica-id", "2"], "--replica-id"),
     (["--coordinator", "127.0.0.1:1"], "--restart replicas"),
-    (["--restart", "replicas", "--coordinator", "127.0.0.1:1", "--ckpt", "async"], "--ckpt"),
+    (["--restart", "replicas", "--coordinator", "127.0.0.1:1", "--ckpt", "async", "--ckpt-dir", "c",
+      "--local-ckpt-interval", "2"], "no --local-ckpt-interval"),
     (["--restart", "replicas", "--coordinator", "127.0.0.1:1", "--replicate", "2"], "--replicate 1"),
 ])
 def test_the_trainer_refuses_a_replica_usage_error_in_one_line(flags, names, tmp_path, monkeypatch, capsys):
@@ -534,6 +535,45 @@ def test_a_killed_coordinator_is_restarted_and_training_goes_on_from_the_committ
     assert sorted(faulty) == sorted(clean) == list(range(1, 7))
     assert max(abs(faulty[s] - clean[s]) for s in clean) < 1e-6
     _same_model(tmp_path / "faults", tmp_path / "clean")
+
+
+@pytest.mark.timeout(600)
+def test_when_every_group_fails_the_job_goes_on_from_the_storage_checkpoint(tmp_path):
+    """Two groups save storage checkpoints every 2 steps (the lowest live replica saves); both are SIGKILLed in step 5,
+    so no live replica holds the state. The coordinator starts over, the groups' next processes restore step 4 and
+    found a new first quorum at step 5 (without checkpoints the job ended there: "nothing is left to heal from"), and
+    the curve and the parameters are a fault-free run's."""
+    ckpt = ["--ckpt", "sync", "--ckpt-dir", str(tmp_path / "ckpt"), "--ckpt-interval", "2"]
+    said = _local(tmp_path / "faults", 2, 1, 8, "0:5:sigkill,1:5:sigkill", max_restarts=3, model=[*TINY, *ckpt])
+    assert "ledger: 8 committed steps, 0 samples lost, 0 duplicated" in said, said
+    assert "every replica group failed by step 5 (last committed step 4): the job goes on from the newest storage " \
+           "checkpoint" in said, said
+    logs = "".join((tmp_path / "faults" / f"replica{r}.log").read_text() for r in (0, 1))
+    assert logs.count("RESUME replica") == 2 and "at step 4 from the storage checkpoint in" in logs, logs[-3000:]
+    quorums = read_events(tmp_path / "faults" / "coordinator.jsonl", "quorum")
+    after = [q for q in quorums if q["step"] == 5 and q["committed"] is None and q["members"] == [0, 1]]
+    assert after and min(q["step"] for q in quorums[quorums.index(after[0]):]) == 5, quorums  # never back to step 1
+    saves = {r: [e["step"] for e in read_events(tmp_path / "faults" / f"replica{r}.jsonl", "ckpt_commit")] for r in (0, 1)}
+    assert saves == {0: [2, 4, 6, 8], 1: []}, saves  # one group saves each step: the lowest live one
+    _local(tmp_path / "clean", 2, 1, 8, model=TINY)
+    faulty, clean = _losses(tmp_path / "faults"), _losses(tmp_path / "clean")
+    assert sorted(faulty) == sorted(clean) == list(range(1, 9))
+    assert max(abs(faulty[s] - clean[s]) for s in clean) < 1e-6
+    _same_model(tmp_path / "faults", tmp_path / "clean")
+
+
+@pytest.mark.timeout(600)
+def test_a_script_of_ones_own_trains_replica_groups_through_a_killed_rank(tmp_path):
+    """The worked example (``nvrx_lab.demo.replica_worker``): its own model, data and loss in a ``ReplicaLoop``. Two
+    groups of two ranks and a global batch of 6 (3 rows a group: 2 and 1 a rank); rank 0 of group 1 is killed in step
+    4: the survivors redo the step with its rows, its torchrun's replacement heals and joins (``--min-replicas 2``),
+    every row of every step is trained once and the groups' parameters agree."""
+    said = _local(tmp_path / "demo", 2, 2, 8, "2:4:sigkill", min_replicas=2, model=["--global-batch", "6"],
+                  extra=["--worker", "nvrx_lab.demo.replica_worker"])
+    assert "ledger: 8 committed steps, 0 samples lost, 0 duplicated" in said, said
+    assert "FAULT replica 1: sigkill in step 4" in said and "replica 1 healed from replica 0" in said, said
+    logs = (tmp_path / "demo" / "replica0.log").read_text()
+    assert "replica 0: trained to step 8" in logs, logs[-2000:]
 
 
 def test_with_a_shared_secret_a_hello_must_prove_it_and_a_rank_refuses_a_coordinator_without_one(monkeypatch, capsys):

@@ -6,8 +6,8 @@ moves on p5.
   a coordinator, the quorum's gloo group). ``overhead_x`` = replica groups' median step ÷ HSDP's. The model is not toy
   sized: its gradients are :func:`grad_mb` MB (≥ 50) and its step well over 0.25 s here.
 * :func:`p5_rows` — the arithmetic beside it: the bytes a rank sends and receives per step across replicas for Llama
-  3.1 8B and 70B (one p5 node a group, 8 GPUs sharding it) at 8 and 16 groups, and the time at EFA's bandwidth and
-  at one TCP flow's (what the socket ring this replaced would have had).
+  3.1 8B (one p5 node a group) and 70B (two) at 8 and 16 groups, and the time at EFA's bandwidth and at one TCP
+  flow's (what the socket ring this replaced would have had).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from nvrx_lab.observe.events import read_events
-from nvrx_lab.replicas.local import run_local
+from nvrx_lab.replicas.local import Groups, run_local
 from nvrx_lab.runner import torchrun
 
 SHAPE = ["--seq-len", "64", "--dim", "512", "--n-layers", "4", "--n-heads", "8", "--hidden-dim", "1536",
@@ -32,7 +32,9 @@ EFA_GBPS_PER_GPU = 400.0
 """p5.48xlarge: 32 EFA interfaces x 100 Gb/s = 3,200 Gb/s a node, 400 Gb/s a GPU."""
 TCP_FLOW_GBPS = 10.0
 """One TCP flow between two EC2 instances in a cluster placement group (5 Gb/s outside one)."""
-MODELS = {"llama3.1-8b": 8.03e9, "llama3.1-70b": 70.6e9}
+MODELS = {"llama3.1-8b": (8.03e9, 1), "llama3.1-70b": (70.6e9, 2)}
+"""Parameters, and p5 nodes a group: 16 bytes of state a parameter (fp32 weights, gradients, Adam's two moments) is
+128 GB for 8B (one node's 640 GB of HBM) and 1.13 TB for 70B (two nodes)."""
 REDUCE_BYTES = 4
 """Gradients reduced in float32 (FSDP2's MixedPrecisionPolicy(reduce_dtype=float32))."""
 
@@ -67,8 +69,8 @@ def hsdp_step(root: Path, steps: int) -> float:
 def replicas_step(root: Path, steps: int) -> float:
     """Replica groups, fault-free: replica 0's median step."""
     out = root / f"groups-{time.monotonic_ns()}"
-    code = run_local(GROUPS, RANKS, out, [*SHAPE, "--steps", str(steps), "--replica-fingerprint-every", "0"],
-                     max_restarts=0, timeout=900, min_replicas=GROUPS)
+    code = run_local(Groups(GROUPS, RANKS, max_restarts=0, min_replicas=GROUPS), out,
+                     [*SHAPE, "--steps", str(steps), "--replica-fingerprint-every", "0"], timeout=900)
     if code != 0:
         logs = "".join(f"\n--- {p.name}\n{p.read_text()[-1500:]}" for p in sorted(out.glob("replica*.log")))
         raise RuntimeError(f"a replica group exited {code}{logs}")
@@ -89,12 +91,13 @@ def overhead(root: Path, pairs: int, steps: int) -> dict:
 
 def p5_rows() -> list[dict]:
     """Bytes a rank moves across replicas per step (a ring all-reduce: 2 (R-1)/R of its shard each way) and the time
-    at EFA's and at one TCP flow's bandwidth, one p5 node a group."""
+    at EFA's and at one TCP flow's bandwidth."""
     rows = []
-    for name, params in MODELS.items():
-        shard = params * REDUCE_BYTES / P5_GPUS
+    for name, (params, nodes) in MODELS.items():
+        shard = params * REDUCE_BYTES / (P5_GPUS * nodes)
         for groups in (8, 16):
             moved = 2 * (groups - 1) / groups * shard
-            rows.append({"model": name, "groups": groups, "shard_gb": shard / 1e9, "moved_gb": moved / 1e9,
+            rows.append({"model": name, "nodes_a_group": nodes, "groups": groups, "shard_gb": shard / 1e9,
+                         "moved_gb": moved / 1e9,
                          "efa_s": moved * 8 / (EFA_GBPS_PER_GPU * 1e9), "tcp_flow_s": moved * 8 / (TCP_FLOW_GBPS * 1e9)})
     return rows

@@ -42,7 +42,7 @@ from nvrx_lab.cli import Parser
 from nvrx_lab.observe.events import read_events
 from nvrx_lab.observe.table import exit_status, format_table, report
 from nvrx_lab.replicas import ledger
-from nvrx_lab.replicas.local import run_local
+from nvrx_lab.replicas.local import Groups, run_local
 
 
 def model_args(dim: int = 64) -> list[str]:
@@ -129,8 +129,8 @@ def ours(root: Path, fault: str | None, steps: int, fault_step: int, replicas: i
     spec = faults or (f"{VICTIM}:{fault_step}:{fault}" if fault and fault != "coordinator" else "")
     args = [*model_args(dim), "--log-every", "0", "--threads", "1", "--steps", str(steps), *(["--faults", spec] if spec else [])]
     t0 = time.monotonic()
-    code = run_local(replicas, 1, out, args, max_restarts=max(3, spec.count(",") + 1), timeout=600,
-                     min_replicas=min_replicas, coordinator_fault=(fault_step, 1.0) if fault == "coordinator" else None)
+    code = run_local(Groups(replicas, 1, max_restarts=max(3, spec.count(",") + 1), min_replicas=min_replicas), out,
+                     args, timeout=600, coordinator_fault=(fault_step, 1.0) if fault == "coordinator" else None)
     if code != 0:
         logs = "".join(f"\n--- {p.name}\n{p.read_text()[-1500:]}" for p in sorted(out.glob("replica*.log")))
         raise RuntimeError(f"a replica group exited {code}{logs}")
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = [f"{r['system']} {r['fault']}" for r in rows if r.get("error")]
     command = ("python -m nvrx_lab.bench replicas " + shlex.join(argv if argv is not None else sys.argv[1:])).strip()
     p5 = p5_rows()
-    print(f"The data plane on p5 (a rank's float32 gradient shard, one node a group; EFA {EFA_GBPS_PER_GPU:g} Gb/s a "
+    print(f"The data plane on p5 (a rank's float32 gradient shard; EFA {EFA_GBPS_PER_GPU:g} Gb/s a "
           f"GPU, one TCP flow {TCP_FLOW_GBPS:g} Gb/s):\n{format_table(p5)}\n")
     report("replicas", rows, a.out, command, extra={"p5": p5}, columns=[
         "system", "fault", "runs", "survivor_stall_x", "steps_lost", "heal_s", "start_s", "transfer_s", "samples_lost",

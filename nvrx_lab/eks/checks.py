@@ -104,9 +104,6 @@ def _check_replicas(s: JobSpec) -> None:
     if len(longest) > 63:
         _fail("name", f"{s.name!r} is too long for {s.replica_groups} groups of {s.nodes} nodes: {longest!r} must fit 63 "
                       f"characters; allowed: at most {len(s.name) - len(longest) + 63} characters")
-    if s.ckpt not in ("", "none"):
-        _fail("ckpt", f"{s.ckpt!r}: the trainer refuses checkpoints under --restart replicas (the state lives in the live "
-                      "replica groups); allowed with mode='replicas': '' or 'none'")
     if s.local_ckpt_interval:
         _fail("local_ckpt_interval", f"{s.local_ckpt_interval}: the trainer refuses local checkpoints under --restart "
                                      "replicas; allowed with mode='replicas': 0")

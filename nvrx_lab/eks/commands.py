@@ -88,10 +88,12 @@ def launch_head(s: JobSpec) -> PodTorchrun | Launcher:
 
 def train_worker(s: JobSpec) -> Worker:
     """What every worker of the pod runs: ``-m <train_module>`` with the JobSpec's flags, then ``train_extra``."""
-    if s.mode_info.replicated:  # no checkpoints: the state lives in the live groups; one event stream per group
+    if s.mode_info.replicated:  # the state lives in the live groups (storage checkpoints, if any, for losing all)
+        stored = s.ckpt_mode != "none"
         return Worker.of(s.train_module, *s.train_extra, steps=s.steps, seed=s.seed, global_batch=s.batch,
-                         metrics="${RUN_DIR}/replica${REPLICA_ID}.jsonl", run_id=f"{s.name}-g${{REPLICA_ID}}", ckpt="none",
-                         pg_timeout=f"{s.pg_timeout:g}", restart="replicas",
+                         metrics="${RUN_DIR}/replica${REPLICA_ID}.jsonl", run_id=f"{s.name}-g${{REPLICA_ID}}",
+                         ckpt=s.ckpt_mode, ckpt_interval=s.ckpt_interval if stored else None,
+                         ckpt_dir="${RUN_DIR}/ckpt" if stored else None, pg_timeout=f"{s.pg_timeout:g}", restart="replicas",
                          coordinator="${COORDINATOR_HOST}:${COORDINATOR_PORT}", replica_id="${REPLICA_ID}",
                          replicas=s.replica_groups, faults=s.faults or None)
     return Worker.of(s.train_module, *s.train_extra, steps=s.steps, seed=s.seed, global_batch=s.batch,
@@ -175,7 +177,9 @@ def trainer_flags(s: JobSpec) -> list[Flag]:
         "--replicas": "replica groups of the job; the global batch is shared by those in each step's quorum",
     }
     if m.replicated:
-        why |= {"--ckpt": "none: the trainer refuses checkpoints here; a replacement heals from a live group",
+        why |= {"--ckpt": ("none: a replacement heals from a live group" if s.ckpt_mode == "none" else
+                           f"{s.ckpt_mode}: a replacement heals from a live group; the lowest live group saves, for a "
+                           "job whose every group failed to go on from"),
                 "--metrics": "this group's event stream on FSx, beside coordinator.jsonl (the data ledger reads both)",
                 "--run-id": "a restarted pod continues this group's run (its events, its fired faults)",
                 "--global-batch": f"sequences per step across all {s.world} GPUs of the {s.groups} groups"}

@@ -13,11 +13,20 @@ members change, watched so that no failure wedges a rank), and a coordinator for
   joins at a step boundary; nobody reloads a checkpoint;
 * a lost coordinator (its process or node) costs a reconnect, not the training: the ranks reach its replacement at
   the same address and it goes on from the last committed step they report (:mod:`.admission`);
+* with storage checkpoints (``--ckpt``), the lowest live replica saves every ``--ckpt-interval`` steps, so losing every
+  group at once is a resume from the newest checkpoint, not a restart from step 1;
 * every rank writes which rows it contributed; :mod:`.ledger` checks every sample of every committed step was
-  trained exactly once.
+  trained exactly once, and every few steps that the replicas' parameters agree (:mod:`.fingerprint`).
 
-The trainer's side is ``python -m nvrx_lab.train --restart replicas --coordinator HOST:PORT --replica-id R
+A training loop of one's own runs the same machinery through :class:`.loop.ReplicaLoop` (its docs show the three
+things a script gives it; ``nvrx_lab.demo.replica_worker`` is a whole one). The trainer's side is
+``python -m nvrx_lab.train --restart replicas --coordinator HOST:PORT --replica-id R
 --replicas N`` (:mod:`nvrx_lab.train.replicas`); ``python -m nvrx_lab.replicas.local`` runs a coordinator and N
 torchrun groups on one machine. Notebook ``09_survivors``; ``python -m nvrx_lab.bench replicas`` measures it against
 torchft 0.2.0.
 """
+
+from .config import ReplicaConfig
+from .loop import Group, ReplicaLoop, StepPosition, replica_state
+
+__all__ = ["Group", "ReplicaConfig", "ReplicaLoop", "StepPosition", "replica_state"]

@@ -1,4 +1,4 @@
-"""Who a coordinator's first quorum starts with, and from which step.
+"""Who a coordinator's first quorum starts with, and from which step; the coordinator's view of a group.
 
 * **A job's start**: every group is a founder at step 1. The first quorum waits ``--first-quorum-timeout`` for every
   group, then starts with those that came if they are at least ``--min-replicas`` (the others join later and heal),
@@ -10,15 +10,42 @@
   numbering from the highest reported. It waits :data:`REJOIN_S` for every group to reconnect, not the first quorum's
   timeout: the survivors are running, and a group that does not come back joins later as a replacement does. A group
   that reconnected is waited for until it joins (it finishes the step it was computing first).
+* **Every group lost, with storage checkpoints** (a group's ``hello`` says it saves them): the coordinator starts
+  over as at a job's start, and the groups' next processes restore the newest checkpoint and join at the step after
+  it, founders again.
 """
 
 from __future__ import annotations
 
+import socket
 import time
 from dataclasses import dataclass, field
 
 REJOIN_S = 5.0
 """How long a restarted coordinator waits for every group to reconnect before it goes on with those that did."""
+
+
+@dataclass
+class Member:
+    """One replica group as the coordinator knows it."""
+
+    replica: int
+    ranks: int
+    conns: dict[int, socket.socket] = field(default_factory=dict)
+    alive: bool = True
+    healing: bool = False  # said hello after the first quorum: it needs a live member's state
+    joined: int | None = None  # the step its rank 0 asked to compute next
+    done: int | None = None  # the last step it finished (its reduction completed on every rank)
+    stuck: bool = False
+    finished: bool = False  # trained the last step and said bye
+    last_beat: float = field(default_factory=time.monotonic)
+    committed: dict[int, int | None] = field(default_factory=dict)  # per rank: the last step it applied, as it said
+    incarnation: dict[int, str] = field(default_factory=dict)  # per rank: its process (a replacement's is new)
+
+    def held(self) -> int | None:
+        """The last step every rank of the group applied (None: one holds no trained state)."""
+        steps = [self.committed.get(k) for k in range(self.ranks)]
+        return None if None in steps else min(steps)
 
 
 @dataclass

@@ -8,9 +8,8 @@
     quorum = client.join(step=2, done=1)             # finished step 1: it commits once every member has
     client.bye()
 
-The reader thread takes the coordinator's answers (a quorum for each rank of a member), its abort notices (a
-member of this quorum failed: :meth:`aborted` turns true, and the abort callback cuts the reduction's sockets at
-once) and an eviction (this replica hangs, as everyone else saw: the process exits, for its launcher to replace).
+The reader thread takes the coordinator's answers (a quorum for each rank of a member), its abort notices (a member
+of this quorum failed: :meth:`aborted` turns true, the abort callback ends the reduction at once) and an eviction.
 
 When the connection breaks (the coordinator's process restarted, or its node went silent: the socket's
 ``TCP_USER_TIMEOUT`` ends a connection whose heartbeats go unacknowledged for :data:`SILENT_S`), the reader reconnects
@@ -40,6 +39,7 @@ from .protocol import SECRET_ENV, VERSION, Position, Quorum, encode, proof
 
 RECONNECT_S = 600.0
 """How long a rank tries to reach a restarted coordinator by default (``--replica-reconnect-timeout``)."""
+BEAT_S = 0.5  # between two heartbeats: a silent node is noticed within the coordinator's --beat-timeout
 CHALLENGE_S = 10.0
 """How long a rank with a shared secret waits for the coordinator's challenge (sent on accept: milliseconds)."""
 SILENT_S = 10
@@ -68,12 +68,12 @@ class StateLost(RuntimeError):
 
 
 class ReplicaClient:
-    def __init__(self, host: str, port: int, replica: int, rank: int, ranks: int, beat_s: float = 0.5,
-                 connect_timeout: float = 600.0, reconnect_timeout: float = RECONNECT_S):
+    def __init__(self, host: str, port: int, replica: int, rank: int, ranks: int, connect_timeout: float = 600.0,
+                 reconnect_timeout: float = RECONNECT_S, stored: bool = False):
         self.replica, self.rank, self.ranks = replica, rank, ranks
         self.address, self.reconnect_timeout = (host, port), reconnect_timeout
         self.incarnation = uuid.uuid4().hex[:12]
-        self.position = Position()
+        self.position = Position(stored=stored)
         """Where this rank stands (its trainer updates ``committed``): a restarted coordinator rebuilds from it."""
         self.reconnects = 0
         self._join: tuple[dict, socket.socket] | None = None  # the join not yet answered, and the connection it went on
@@ -101,7 +101,7 @@ class ReplicaClient:
             self.closed = True
             self.sock.close()
             raise Refused(self._refused)
-        threading.Thread(target=self._beat, args=(beat_s,), daemon=True, name="nvrx-replica-beat").start()
+        threading.Thread(target=self._beat, args=(BEAT_S,), daemon=True, name="nvrx-replica-beat").start()
 
     def _send(self, message: dict) -> None:
         with self._send_lock:

@@ -20,37 +20,13 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 
-from .admission import Admission
+from .admission import Admission, Member
 from .probe import Probes
 from .protocol import Quorum, auth_mismatch, encode, layout_mismatch, version_mismatch
 from .server import serve
 
 FIRST_QUORUM_TIMEOUT_S = 600.0  # as torch's rendezvous: a p5 pod may pull a ~28 GB image for minutes
-
-
-@dataclass
-class Member:
-    """One replica group as the coordinator knows it."""
-
-    replica: int
-    ranks: int
-    conns: dict[int, socket.socket] = field(default_factory=dict)
-    alive: bool = True
-    healing: bool = False  # said hello after the first quorum: it needs a live member's state
-    joined: int | None = None  # the step its rank 0 asked to compute next
-    done: int | None = None  # the last step it finished (its reduction completed on every rank)
-    stuck: bool = False
-    finished: bool = False  # trained the last step and said bye
-    last_beat: float = field(default_factory=time.monotonic)
-    committed: dict[int, int | None] = field(default_factory=dict)  # per rank: the last step it applied, as it said
-    incarnation: dict[int, str] = field(default_factory=dict)  # per rank: its process (a replacement's is new)
-
-    def held(self) -> int | None:
-        """The last step every rank of the group applied (None: one holds no trained state)."""
-        steps = [self.committed.get(k) for k in range(self.ranks)]
-        return None if None in steps else min(steps)
 
 
 class Coordinator:
@@ -68,6 +44,7 @@ class Coordinator:
         self.committed: int | None = None
         self.over = False  # every member trained the last step
         self.state_lost: str | None = None  # why the job cannot go on: every member failed before a replacement healed
+        self.stored = False  # a group saves storage checkpoints: losing every group is a resume from the newest
         self.layout: tuple[int, dict] | None = None  # (the replica that set it, the gradients' layout every group must have)
         self.lock = threading.RLock()
         self.store_port = 0
@@ -94,6 +71,7 @@ class Coordinator:
             if m is None or not m.alive:  # a new replica, or the replacement of a failed one
                 m = self.members[r] = Member(r, msg["ranks"], healing=self.quorum is not None)
             self.admission.hello(msg)
+            self.stored = self.stored or bool(msg.get("stored"))
             m.conns[rank], m.committed[rank], m.incarnation[rank] = conn, msg.get("committed"), who
             self._send(conn, {"op": "welcome", "store_port": self.store_port, "healing": m.healing})
             if self.state_lost or self.over:  # the job cannot go on, or a replacement came after the last step
@@ -223,8 +201,23 @@ class Coordinator:
             self._form()
 
     def _lose_state(self, q: Quorum) -> None:
-        """Every member of the last quorum failed and nobody else holds the state: end the job, loudly."""
+        """Every member of the last quorum failed and nobody else holds the state: with storage checkpoints the job
+        goes on from the newest (the groups' next processes restore it and found a first quorum again; a replacement
+        waiting to heal is told to exit, for one that restores), else it ends, loudly."""
         if self.state_lost:
+            return
+        if self.stored:
+            self.emit("from_storage", step=q.step, committed=self.committed)
+            print(f"[nvrx_lab.replicas] every replica group failed by step {q.step} (last committed step "
+                  f"{self.committed}): the job goes on from the newest storage checkpoint, which each group's next "
+                  "process restores", file=sys.stderr, flush=True)
+            for m in self.members.values():
+                if m.alive:
+                    m.alive = False
+                    for conn in m.conns.values():
+                        self._send(conn, {"op": "evict", "why": "the job goes on from the storage checkpoint"})
+            self.quorum, self.admission = None, Admission(self.expected, self.min_replicas,
+                                                          self.admission.first_quorum_timeout)
             return
         self.emit("state_lost", step=q.step, committed=self.committed)
         self._end(f"every replica group failed by step {q.step} before a replacement could take a live "

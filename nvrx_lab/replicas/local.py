@@ -26,12 +26,13 @@ import socket
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 from nvrx_lab.dist import child_env
 from nvrx_lab.net import free_port, listen, shared_secret, wait_for
 from nvrx_lab.observe.events import EventLog
-from nvrx_lab.runner import LOOPBACK, Torchrun, trainer
+from nvrx_lab.runner import LOOPBACK, Torchrun, Worker
 
 from . import ledger
 from .console import Narrator
@@ -43,12 +44,27 @@ GROUP_ENV = {"OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 keeps the last round's gloo addresses under the same keys, and a restarted worker dialled a dead peer's)."""
 
 
-def group_argv(replica: int, replicas: int, nproc: int, coordinator: str, out: Path, train_args: list[str],
-               max_restarts: int) -> list[str]:
-    """One replica group's command line: torchrun (its own c10d rendezvous) and the trainer."""
-    worker = trainer(*train_args, restart="replicas", coordinator=coordinator, replica_id=replica, replicas=replicas,
-                     metrics=out / f"replica{replica}.jsonl")
-    return Torchrun.c10d(nproc, max_restarts=max_restarts, monitor_interval=0.1).argv(worker)
+TRAINER = "nvrx_lab.train"
+
+
+@dataclass(frozen=True)
+class Groups:
+    """The replica groups of a local run: ``replicas`` torchrun jobs of ``nproc`` ranks, each running ``module`` (the
+    trainer, or a script of one's own that takes the same replica flags: ``nvrx_lab.demo.replica_worker``)."""
+
+    replicas: int
+    nproc: int = 1
+    max_restarts: int = 3
+    """Replacements of each group's workers (torchrun's ``--max-restarts``)."""
+    min_replicas: int = 1
+    module: str = TRAINER
+
+
+def group_argv(replica: int, groups: Groups, coordinator: str, out: Path, train_args: list[str]) -> list[str]:
+    """One replica group's command line: torchrun (its own c10d rendezvous) and the worker module."""
+    worker = Worker.of(groups.module, *train_args, restart="replicas", coordinator=coordinator, replica_id=replica,
+                       replicas=groups.replicas, metrics=out / f"replica{replica}.jsonl")
+    return Torchrun.c10d(groups.nproc, max_restarts=groups.max_restarts, monitor_interval=0.1).argv(worker)
 
 
 class CoordinatorHost:
@@ -100,12 +116,13 @@ class CoordinatorHost:
         self.start()
 
 
-def run_local(replicas: int, nproc: int, out: Path, train_args: list[str], max_restarts: int = 3,
-              timeout: float = 600.0, min_replicas: int = 1, coordinator_fault: tuple[int, float] | None = None) -> int:
+def run_local(groups: Groups, out: Path, train_args: list[str], timeout: float = 600.0,
+              coordinator_fault: tuple[int, float] | None = None) -> int:
+    replicas = groups.replicas
     out.mkdir(parents=True, exist_ok=True)
     for old in [*out.glob("replica*.jsonl"), *out.glob("replica*.faults.jsonl"), out / "coordinator.jsonl"]:
         old.unlink(missing_ok=True)
-    host = CoordinatorHost(replicas, min_replicas, out / "coordinator.jsonl")
+    host = CoordinatorHost(replicas, groups.min_replicas, out / "coordinator.jsonl")
     port = host.port
     if coordinator_fault is not None:
         threading.Thread(target=host.fail_at, args=(*coordinator_fault, timeout), daemon=True).start()
@@ -113,7 +130,7 @@ def run_local(replicas: int, nproc: int, out: Path, train_args: list[str], max_r
     try:
         for r in range(replicas):
             log = open(out / f"replica{r}.log", "w")
-            argv = group_argv(r, replicas, nproc, f"{LOOPBACK}:{port}", out, train_args, max_restarts)
+            argv = group_argv(r, groups, f"{LOOPBACK}:{port}", out, train_args)
             procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                           env=child_env(GROUP_ENV)))
             log.close()
@@ -159,8 +176,8 @@ def check_train_args(train_args: list[str], replicas: int, nproc: int, out: Path
     from nvrx_lab.train.config import TrainConfig
     from nvrx_lab.train.layers import check_flags
 
-    worker = group_argv(0, replicas, nproc, f"{LOOPBACK}:1", out, train_args, 0)
-    cfg = parse_dataclass(TrainConfig, worker[worker.index("nvrx_lab.train") + 1:], prog="python -m nvrx_lab.train")
+    worker = group_argv(0, Groups(replicas, nproc), f"{LOOPBACK}:1", out, train_args)
+    cfg = parse_dataclass(TrainConfig, worker[worker.index(TRAINER) + 1:], prog=f"python -m {TRAINER}")
     try:
         check_flags(cfg, nproc)
     except ValueError as e:
@@ -188,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="fewest replica groups a new step starts with (the survivors wait at the step for replacements)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds before every group is killed")
     ap.add_argument("--out", default="build/replicas", help="folder for the event streams and logs (emptied first)")
+    ap.add_argument("--worker", default=TRAINER, metavar="MODULE",
+                    help=f"what each group's torchrun runs (default {TRAINER}; a script of one's own takes the replica "
+                         "flags: nvrx_lab.demo.replica_worker)")
     ap.add_argument("--coordinator-fault", default="", metavar="STEP[:DELAY]",
                     help="crash the coordinator once STEP is committed; a new one starts DELAY s later (default 1)")
     a = ap.parse_args(ours)
@@ -206,8 +226,10 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--coordinator-fault {a.coordinator_fault!r}: expected STEP[:DELAY], a step >= 1 and seconds >= 0 "
                      "(e.g. 4:2)")
     out = Path(a.out)
-    check_train_args(train_args, a.replicas, a.nproc, out)
-    code = run_local(a.replicas, a.nproc, out, train_args, a.max_restarts, a.timeout, a.min_replicas, fault)
+    if a.worker == TRAINER:  # a script of one's own says its usage errors itself
+        check_train_args(train_args, a.replicas, a.nproc, out)
+    code = run_local(Groups(a.replicas, a.nproc, a.max_restarts, a.min_replicas, a.worker), out, train_args, a.timeout,
+                     fault)
     print(ledger.check_dir(out, global_batch_of(train_args)).line(), flush=True)
     return code
 

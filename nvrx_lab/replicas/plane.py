@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -17,11 +18,11 @@ from .progress import Progress
 from .protocol import Quorum
 
 if TYPE_CHECKING:
-    from nvrx_lab.train.hooks import Attempt
-    from nvrx_lab.train.replicas import ReplicaStep
     from nvrx_lab.train.state import TrainState
 
     from .config import ReplicaConfig
+    from .loop import Group
+    from .step import ReplicaStep
 
 COLD_PATIENCE_S = 5.0
 """The least a step with a replacement in it, or a redo, waits before the coordinator hears of it (on a loaded box a
@@ -31,8 +32,8 @@ re-formed group's first reduction took more than twice a warm step, and a health
 class Plane:
     """This rank's side of the data plane: the quorum's process group, the heal over it, the step's sum."""
 
-    def __init__(self, client: ReplicaClient, state: TrainState, attempt: Attempt, rc: ReplicaConfig, progress: Progress):
-        self.client, self.state, self.attempt, self.rc, self.progress = client, state, attempt, rc, progress
+    def __init__(self, client: ReplicaClient, state: TrainState, group: Group, rc: ReplicaConfig, progress: Progress):
+        self.client, self.state, self.me, self.rc, self.progress = client, state, group, rc, progress
         self.store = open_store(client.address[0], client.store_port)  # where the quorums' groups meet
         self.state_bytes = state_bytes(state.local_state_dict())
 
@@ -46,12 +47,13 @@ class Plane:
         if group is not None:
             group.close()
         self.store = open_store(self.client.address[0], self.client.store_port)
-        print(f"[nvrx_lab.replicas] replica {replica} rank {self.attempt.rank}: the restarted coordinator goes on "
+        print(f"[nvrx_lab.replicas] replica {replica} rank {self.me.rank}: the restarted coordinator goes on "
               f"at step {quorum.step} from committed step {quorum.committed} with replica groups "
               f"{list(quorum.members)}{f' (healing {list(quorum.joiners)})' if quorum.joiners else ''}",
               file=sys.stderr, flush=True)
 
-    def meet(self, quorum: Quorum, group: ReplicaGroup | None, events) -> tuple[ReplicaGroup | None, bool]:
+    def meet(self, quorum: Quorum, group: ReplicaGroup | None,
+             emit: Callable[..., None]) -> tuple[ReplicaGroup | None, bool]:
         """This quorum's group (and its heal when this replica gives or takes state); ready is False when a member
         failed while the group met: the step is computed all the same and reduced at the next quorum."""
         replica = self.client.replica
@@ -60,7 +62,7 @@ class Plane:
                 group = self._group(quorum, group)
             if replica == quorum.donor or replica in quorum.joiners:
                 with self.progress.working():  # each chunk is a unit: a large heal is slow, not hung
-                    self._heal(group, quorum, events)
+                    self._heal(group, quorum, emit)
             return group, True
         except (StepAborted, RuntimeError) as e:
             if replica in quorum.joiners:  # without a donor's state this process cannot train: a replacement will
@@ -71,23 +73,23 @@ class Plane:
         """The process group of this quorum (the last one's aborted); an abort meanwhile ends the meeting."""
         if old is not None:
             old.close()
-        group = ReplicaGroup(self.store, quorum, self.client.replica, self.attempt.rank, self.attempt.device,
+        group = ReplicaGroup(self.store, quorum, self.client.replica, self.me.rank, self.me.device,
                              self.rc.timeout)
         self.client.on_abort = lambda qid: group.cut() if qid == group.qid else None
         return group.connect(lambda: self.client.aborted(quorum.qid))
 
-    def _heal(self, group: ReplicaGroup, quorum: Quorum, events) -> None:
+    def _heal(self, group: ReplicaGroup, quorum: Quorum, emit: Callable[..., None]) -> None:
         t0, aborted, state = time.monotonic(), (lambda: self.client.aborted(quorum.qid)), self.state
         if self.client.replica == quorum.donor:
             sent = send_state(group, [quorum.index(j) for j in quorum.joiners], state.local_state_dict(), aborted,
                               self.progress.unit)
-            events.emit("heal_sent", step=quorum.step, to=list(quorum.joiners), bytes=sent,
+            emit("heal_sent", step=quorum.step, to=list(quorum.joiners), bytes=sent,
                         seconds=time.monotonic() - t0)
         else:
             state.load_local_state_dict(recv_state(group, quorum.index(quorum.donor), state.local_state_dict(),
                                                    aborted, self.progress.unit))
             state.data.position = state.step = self.client.position.committed = quorum.step - 1
-            events.emit("healed", step=quorum.step, donor=quorum.donor, seconds=time.monotonic() - t0)
+            emit("healed", step=quorum.step, donor=quorum.donor, seconds=time.monotonic() - t0)
 
     def reduce(self, work: ReplicaStep, group: ReplicaGroup, quorum: Quorum, periods: list[float]) -> int:
         """Sum the step's gradients over the members; the step it finished (:class:`StepAborted` if it did not)."""

@@ -8,9 +8,10 @@ refuses a coordinator without one. (The groups' data plane is torch's: gloo and 
 authentication of their own.) A rank says:
 
 * ``hello`` — ``{"op": "hello", "version": V, "replica": R, "rank": K, "ranks": W, "incarnation": I,
-  "committed": c, "qid": q}``: who it is (rank ``K`` of replica group ``R``, which has ``W`` ranks; ``I``: its
-  process, a new one for a replacement), the last step whose update it applied (``None``: it holds no trained state)
-  and the last quorum it heard; first, and again after every reconnect to a restarted coordinator (:class:`Position`);
+  "committed": c, "qid": q, "stored": b}``: who it is (rank ``K`` of replica group ``R``, which has ``W`` ranks;
+  ``I``: its process, a new one for a replacement), the last step whose update it applied (``None``: it holds no
+  trained state), the last quorum it heard, and whether its group saves storage checkpoints; first, and again after
+  every reconnect to a restarted coordinator (:class:`Position`);
 * ``join`` — group rank 0 only, once a step: ``{"op": "join", "step": s, "done": d}``: the group is ready for step
   ``s``, and finished the cross-replica reduction of step ``d`` (``None``: it did not, or has no step before);
 * ``stuck`` — ``{"op": "stuck", "step": s, "qid": q}``: its reduction of step ``s`` has waited longer than the
@@ -33,11 +34,13 @@ The coordinator says:
 * ``quorum`` — a :class:`Quorum`, to every rank of every member, once every live member joined the step;
 * ``abort`` — ``{"op": "abort", "qid": q, "why": ...}``, to every rank, when a member of quorum ``q`` failed (its
   connection closed, its heartbeats stopped, or it is the one everybody waits for and its work makes no progress);
-* ``evict`` — ``{"op": "evict", "why": ...}``, to the ranks of a member dropped as hung or silent (they exit 3);
+* ``evict`` — ``{"op": "evict", "why": ...}``, to the ranks of a member dropped as hung or silent, or of a replacement
+  waiting to heal when every group failed and the job goes on from storage (they exit 3);
 * ``probe`` — ``{"op": "probe", "id": i}``, to the ranks of a suspect: hung or only slow? (:mod:`.probe`);
 * ``finished`` — ``{"op": "finished", "step": s}``: the job ended at step ``s`` before this group could join;
 * ``state_lost`` — ``{"op": "state_lost", "why": ...}``: the job cannot go on (every member failed before a
-  replacement healed, or fewer than ``--min-replicas`` groups came within ``--first-quorum-timeout``).
+  replacement healed and no group saves storage checkpoints, or fewer than ``--min-replicas`` groups came within
+  ``--first-quorum-timeout``).
 """
 
 from __future__ import annotations
@@ -102,8 +105,11 @@ class Position:
     qid: int = 0
     """The last quorum it heard (a restarted coordinator numbers its quorums on from the highest reported)."""
 
+    stored: bool = False
+    """Its group saves storage checkpoints: should every group fail, the job goes on from the newest one."""
+
     def hello(self) -> dict:
-        return {"committed": self.committed, "qid": self.qid}
+        return {"committed": self.committed, "qid": self.qid, "stored": self.stored}
 
 
 def layout(params: dict[str, torch.Tensor], ranks: int, **settings) -> dict:

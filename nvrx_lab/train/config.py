@@ -127,9 +127,9 @@ class TrainConfig(Settings):
             if not self.replicas.coordinator:
                 raise ValueError("--restart replicas needs --coordinator HOST:PORT "
                                  "(python -m nvrx_lab.replicas.coordinator)")
-            if self.checkpoint.enabled or self.checkpoint.local_interval:
-                raise ValueError("--restart replicas keeps the state in the live replicas and saves no checkpoints "
-                                 "(yet): use --ckpt none and no --local-ckpt-interval")
+            if self.checkpoint.local_interval:
+                raise ValueError("--restart replicas keeps the state in the live replicas (a replacement heals from "
+                                 "one): no --local-ckpt-interval (storage checkpoints, --ckpt, are allowed)")
             if self.straggler.interval:
                 raise ValueError("--restart replicas has no straggler detection (yet): leave --straggler-interval 0")
             if self.replicate != 1:

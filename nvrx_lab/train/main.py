@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.restart.mode == "replicas":
         from nvrx_lab.train.replicas import train_replica
 
-        body = lambda attempt, ckpt, h: train_replica(cfg, attempt)  # noqa: E731
+        body = lambda attempt, ckpt, h: train_replica(cfg, attempt, ckpt)  # noqa: E731
     try:
         summary = run(cfg, launch, events, hooks, body)
     except CheckpointError as e:  # e.g. another model's checkpoint: no restart mends it

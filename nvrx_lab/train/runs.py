@@ -37,14 +37,14 @@ PROGRESS = "progress"
 def progress_file(cfg: TrainConfig) -> Path | None:
     """Where rank 0 marks the newest step reached (:class:`nvrx_lab.train.resume.ProgressMarker`): beside the
     checkpoints, else beside the metrics."""
-    if (folder := ckpt_dir(cfg)) is not None:
+    if (folder := ckpt_dir(cfg)) is not None and not _per_group(cfg):
         return folder / PROGRESS
     return Path(cfg.metrics).with_suffix(".progress") if cfg.metrics else None
 
 
 def fault_state_file(cfg: TrainConfig) -> Path | None:
     """Where fired faults are remembered across restarts: beside the checkpoints, else beside the metrics."""
-    if cfg.checkpoint.storage.directory:
+    if cfg.checkpoint.storage.directory and not _per_group(cfg):
         return Path(cfg.checkpoint.storage.directory) / FAULTS_FIRED
     if cfg.metrics:
         return Path(cfg.metrics).with_suffix(".faults.jsonl")
@@ -54,6 +54,11 @@ def fault_state_file(cfg: TrainConfig) -> Path | None:
 IDENTITY = ("seed", "vocab_size", "seq_len", "global_batch", "dim", "n_layers", "n_heads", "hidden_dim",
             "tie_embeddings", "rope_theta", "norm_eps")
 """Flags a resumed run must keep: the checkpointed state and the token stream depend on them."""
+
+
+def _per_group(cfg: TrainConfig) -> bool:
+    """Replica groups share one checkpoint folder: each keeps its fired faults and progress beside its own metrics."""
+    return cfg.restart.mode == "replicas" and bool(cfg.metrics)
 
 
 def identity(cfg: TrainConfig) -> dict:
