@@ -74,7 +74,7 @@ def test_a_writer_closed_mid_save_announces_nothing_and_says_why_without_its_log
     assert proc.why() == "exit code -9"
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(240)  # a wedge's bound: a spawned writer imports torch, which took 60 s beside a loaded suite
 @pytest.mark.parametrize("fork", [True, False], ids=["forked", "spawned"])
 def test_the_writer_exits_with_its_trainer(tmp_path, fork):
     """The death pipe: the writer exits when the process holding the write end is gone."""

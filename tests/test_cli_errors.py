@@ -26,7 +26,8 @@ LAUNCH = ["-m", "nvrx_lab.launcher"]
 BENCH = ["-m", "nvrx_lab.bench"]
 
 
-def cli(*args: str, timeout: float = 60, preexec_fn=None) -> subprocess.CompletedProcess:
+def cli(*args: str, timeout: float = 240, preexec_fn=None) -> subprocess.CompletedProcess:
+    """A wedge's bound, not a speed goal: ``--help`` imports torch, which took over 60 s at a load of 14."""
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=preexec_fn)
 
@@ -87,7 +88,7 @@ def test_replicas_local_says_a_groups_usage_error_before_starting_any(args, need
     assert not out.exists()
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("entry, args, needle", [
     (TRAIN, ["--ckpt-di", "x"], "error: unrecognized arguments: --ckpt-di x; flags are never abbreviated: did you mean"),
     (LAUNCH, ["--heartbeat-tim", "3", "w.py"], "error: unrecognized arguments: --heartbeat-tim"),
@@ -149,7 +150,7 @@ def test_benchmark_usage_error_is_one_line(args, needle, capsys):
     assert needle in line, line
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_help_still_prints_the_usage():
     res = cli(*TRAIN, "--help")
     assert res.returncode == 0 and res.stdout.startswith("usage: ") and "--ckpt-interval" in res.stdout, res.stderr[-2000:]

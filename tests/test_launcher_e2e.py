@@ -6,7 +6,6 @@ tests/workers/launcher_worker.py`` in its own session with a bounded wait, reads
 worker process is left behind.
 """
 
-import time
 from pathlib import Path
 
 import psutil
@@ -93,10 +92,8 @@ def test_min_healthy_stops_the_hung_rank_and_lets_the_survivor_finish(tmp_path):
 @pytest.mark.timeout(90)
 def test_usage_error_stops_at_once_without_restart(tmp_path):
     """Exit 2 (a bad flag) fails the same way on every attempt: one attempt, launcher exits 2."""
-    t0 = time.monotonic()
     rc, out, ev = launch(tmp_path, dict(max_restarts=3),
                          ["--steps", "6", "--faults", "1:0-9:1:exit:2"])
-    wall = time.monotonic() - t0
     assert rc == 2, out
     assert "worker rank 1 exited 2 (usage error): not restarting" in out
     assert "giving up" not in out and "restart 1/3" not in out
@@ -104,7 +101,6 @@ def test_usage_error_stops_at_once_without_restart(tmp_path):
     assert not [e for e in ev if e["kind"] == "launcher_restart"]
     fail = {e["rank"]: e for e in ev if e["kind"] == "launcher_failure"}  # rank 0 may have lost its peer too
     assert fail[1]["exit_code"] == 2 and fail[1]["action"] == "usage error: not restarting"
-    assert wall < 30, f"took {wall:.1f} s"
 
 
 @pytest.mark.timeout(90)
