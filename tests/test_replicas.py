@@ -210,6 +210,16 @@ def _local(out, replicas, nproc, steps, faults="", max_restarts=3, timeout=240, 
     return said
 
 
+def _on_the_fault_free_curve(tmp_path, replicas: int, nproc: int, steps: int, model=TINY) -> None:
+    """A fault-free run of ``replicas`` groups beside ``tmp_path / "faults"``: every step's loss within 1e-6 of it, and
+    the same parameters and optimizer state (:func:`_same_model`)."""
+    _local(tmp_path / "clean", replicas, nproc, steps, model=model)
+    faulty, clean = _losses(tmp_path / "faults"), _losses(tmp_path / "clean")
+    assert sorted(faulty) == sorted(clean) == list(range(1, steps + 1))
+    assert max(abs(faulty[s] - clean[s]) for s in clean) < 1e-6
+    _same_model(tmp_path / "faults", tmp_path / "clean")
+
+
 def _same_model(faulty, clean) -> None:
     """The faulty run ends with the fault-free run's parameters and optimizer state at every fingerprinted step, up to
     the rounding of a redo's other order of sums (measured 7e-9 in the FSDP groups test: 3 groups against 1)."""
@@ -246,11 +256,7 @@ def test_survivors_train_through_an_exception_a_hang_and_a_kill_on_a_fault_free_
                  "replica 1 healed from replica 0 before step"):
         assert line in said, said  # the console says each fault, drop and heal as it happens...
     assert re.search(r"REPLICAS [34] replica groups dropped, [2-9] replacements healed; the others' longest pause", said)
-    _local(tmp_path / "clean", 2, 1, steps)
-    faulty, clean = _losses(tmp_path / "faults"), _losses(tmp_path / "clean")
-    assert sorted(clean) == list(range(1, steps + 1)) and set(faulty) == set(clean)
-    assert max(abs(faulty[s] - clean[s]) for s in clean) < 1e-6
-    _same_model(tmp_path / "faults", tmp_path / "clean")
+    _on_the_fault_free_curve(tmp_path, 2, 1, steps)
     coord = read_events(tmp_path / "faults" / "coordinator.jsonl")
     lost = [e for e in coord if e["kind"] == "replica_lost"]
     # each fault cost its own replica and nobody else (a replacement healing while a member dies restarts once more)
@@ -347,11 +353,7 @@ def test_fsdp_groups_survive_a_killed_rank_and_a_redo_that_leaves_ranks_without_
     redo = [b for a, b in zip(quorums, quorums[1:], strict=False) if b["step"] == a["step"]]
     assert redo and redo[0]["members"] == [0, 2], quorums
     assert read_events(tmp_path / "faults" / "replica1.jsonl", "healed")
-    _local(tmp_path / "clean", 1, 2, 6, model=batch6)
-    faulty, clean = _losses(tmp_path / "faults"), _losses(tmp_path / "clean")
-    assert sorted(faulty) == sorted(clean) == list(range(1, 7))
-    assert max(abs(faulty[s] - clean[s]) for s in clean) < 1e-6
-    _same_model(tmp_path / "faults", tmp_path / "clean")
+    _on_the_fault_free_curve(tmp_path, 1, 2, 6, model=batch6)
 
 
 @pytest.mark.timeout(120)
@@ -514,11 +516,13 @@ def test_a_new_process_for_a_rank_of_a_live_group_drops_the_old_one_first(capsys
     assert "replica 1 dropped: rank 0 is another process now (replaced)" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_a_killed_coordinator_is_restarted_and_training_goes_on_from_the_committed_step(tmp_path):
     """The coordinator dies once step 3 is committed (every connection and its store close) and a new one starts on
     the same address 1 s later: the ranks reconnect, it rebuilds the quorum from what they report and training goes
-    on from the committed step, on the curve of a run without the fault, every row of every step once."""
+    on from the committed step, on the curve of a run without the fault, every row of every step once. (make
+    test-slow: notebook 09's last section kills the coordinator the same way in make test.)"""
     said = _local(tmp_path / "faults", 2, 1, 6, model=TINY, extra=["--coordinator-fault", "3:1"])
     assert "ledger: 6 committed steps, 0 samples lost, 0 duplicated" in said and "FAULT coordinator killed" in said, said
     quorums = read_events(tmp_path / "faults" / "coordinator.jsonl", "quorum")
@@ -530,11 +534,7 @@ def test_a_killed_coordinator_is_restarted_and_training_goes_on_from_the_committ
     assert qids == sorted(qids), qids  # numbered on from the highest reported: the ledger tells the redo apart
     logs = "".join((tmp_path / "faults" / f"replica{r}.log").read_text() for r in (0, 1))
     assert logs.count("lost the coordinator") == 2 and logs.count("the restarted coordinator goes on") == 2, logs[-3000:]
-    _local(tmp_path / "clean", 2, 1, 6, model=TINY)
-    faulty, clean = _losses(tmp_path / "faults"), _losses(tmp_path / "clean")
-    assert sorted(faulty) == sorted(clean) == list(range(1, 7))
-    assert max(abs(faulty[s] - clean[s]) for s in clean) < 1e-6
-    _same_model(tmp_path / "faults", tmp_path / "clean")
+    _on_the_fault_free_curve(tmp_path, 2, 1, 6)
 
 
 @pytest.mark.timeout(600)
@@ -555,11 +555,7 @@ def test_when_every_group_fails_the_job_goes_on_from_the_storage_checkpoint(tmp_
     assert after and min(q["step"] for q in quorums[quorums.index(after[0]):]) == 5, quorums  # never back to step 1
     saves = {r: [e["step"] for e in read_events(tmp_path / "faults" / f"replica{r}.jsonl", "ckpt_commit")] for r in (0, 1)}
     assert saves == {0: [2, 4, 6, 8], 1: []}, saves  # one group saves each step: the lowest live one
-    _local(tmp_path / "clean", 2, 1, 8, model=TINY)
-    faulty, clean = _losses(tmp_path / "faults"), _losses(tmp_path / "clean")
-    assert sorted(faulty) == sorted(clean) == list(range(1, 9))
-    assert max(abs(faulty[s] - clean[s]) for s in clean) < 1e-6
-    _same_model(tmp_path / "faults", tmp_path / "clean")
+    _on_the_fault_free_curve(tmp_path, 2, 1, 8)
 
 
 @pytest.mark.timeout(600)

@@ -23,7 +23,8 @@ from torch.distributed.fsdp import fully_shard
 
 from nvrx_lab.faults import FaultInjector, parse_schedule
 from nvrx_lab.observe.events import EventLog
-from nvrx_lab.replicas import Group, ReplicaConfig, ReplicaLoop, replica_state
+from nvrx_lab.replicas.config import ReplicaConfig
+from nvrx_lab.replicas.loop import Group, ReplicaLoop, replica_state
 
 DIM = 32
 

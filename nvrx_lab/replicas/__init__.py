@@ -18,15 +18,12 @@ members change, watched so that no failure wedges a rank), and a coordinator for
 * every rank writes which rows it contributed; :mod:`.ledger` checks every sample of every committed step was
   trained exactly once, and every few steps that the replicas' parameters agree (:mod:`.fingerprint`).
 
-A training loop of one's own runs the same machinery through :class:`.loop.ReplicaLoop` (its docs show the three
-things a script gives it; ``nvrx_lab.demo.replica_worker`` is a whole one). The trainer's side is
+A training loop of one's own runs the same machinery through :class:`.loop.ReplicaLoop` (``from
+nvrx_lab.replicas.loop import ReplicaLoop``; its docs show the three things a script gives it;
+``nvrx_lab.demo.replica_worker`` is a whole one). This package imports nothing itself: the coordinator's process and
+the light tools load only what they use. The trainer's side is
 ``python -m nvrx_lab.train --restart replicas --coordinator HOST:PORT --replica-id R
 --replicas N`` (:mod:`nvrx_lab.train.replicas`); ``python -m nvrx_lab.replicas.local`` runs a coordinator and N
 torchrun groups on one machine. Notebook ``09_survivors``; ``python -m nvrx_lab.bench replicas`` measures it against
 torchft 0.2.0.
 """
-
-from .config import ReplicaConfig
-from .loop import Group, ReplicaLoop, StepPosition, replica_state
-
-__all__ = ["Group", "ReplicaConfig", "ReplicaLoop", "StepPosition", "replica_state"]

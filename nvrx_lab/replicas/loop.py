@@ -93,8 +93,15 @@ def replica_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data
 class ReplicaLoop:
     """Training ``steps`` steps of ``global_batch`` rows as one replica group of several (see the module's docs)."""
 
+    OPTIONS = ("ckpt", "before_step", "settings")
+
     def __init__(self, state, compute: Compute, config: ReplicaConfig, group: Group, *, steps: int, global_batch: int,
                  **options):
+        """``options``: ``ckpt`` (a :class:`~nvrx_lab.checkpoint.Checkpointer`: the lowest live group saves through
+        it), ``before_step`` (called with each new step before it is computed: the trainer's fault injector),
+        ``settings`` (values every group must share, beside the gradients' layout: the coordinator refuses another)."""
+        if unknown := sorted(set(options) - set(self.OPTIONS)):
+            raise TypeError(f"ReplicaLoop: unknown option(s) {unknown}; allowed: {list(self.OPTIONS)}")
         self.state, self.compute, self.rc, self.group = state, compute, config, group
         self.steps, self.global_batch = steps, global_batch
         self.ckpt = options.get("ckpt")  # storage checkpoints (nvrx_lab.checkpoint): the lowest live group saves
