@@ -7,9 +7,9 @@ run by each group's torchrun, gives three things and the loop does the rest::
     state = replica_state(model, optimizer)          # your FSDP model and its optimizer (what a replacement heals)
 
     def compute(step: int, rows: list[int]) -> float:
-        tokens = my_batch(step)[rows]                # rows of step's global batch (0..global_batch-1): yours to read
-        loss = loss_fn(model(tokens)).sum() * (1.0 if rows else 0.0)  # summed over rows, not averaged
-        loss.backward()                              # once a call, even for no rows (FSDP's collectives must match)
+        tokens = my_batch(step)[rows or [0]]         # rows of step's global batch (0..global_batch-1): yours to read
+        loss = loss_fn(model(tokens)).sum() * (1.0 if rows else 0.0)  # summed over rows; no rows: a stand-in row
+        loss.backward()                              # weighted zero: once a call, FSDP's collectives must match
         return float(loss)
 
     config = ReplicaConfig(coordinator="coord:29600", replica_id=r, replicas=3)   # or TrainConfig's --replica* flags
