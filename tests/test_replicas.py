@@ -550,6 +550,7 @@ def test_when_every_group_fails_the_job_goes_on_from_the_storage_checkpoint(tmp_
            "checkpoint" in said, said
     logs = "".join((tmp_path / "faults" / f"replica{r}.log").read_text() for r in (0, 1))
     assert logs.count("RESUME replica") == 2 and "at step 4 from the storage checkpoint in" in logs, logs[-3000:]
+    assert logs.count("START replica") == 2 and "at step 1: no storage checkpoint in" in logs, logs[-3000:]  # at first
     quorums = read_events(tmp_path / "faults" / "coordinator.jsonl", "quorum")
     after = [q for q in quorums if q["step"] == 5 and q["committed"] is None and q["members"] == [0, 1]]
     assert after and min(q["step"] for q in quorums[quorums.index(after[0]):]) == 5, quorums  # never back to step 1

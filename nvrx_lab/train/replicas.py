@@ -67,12 +67,16 @@ def _loop(cfg: TrainConfig, attempt: Attempt, ckpt: Checkpointer | None) -> Repl
                        settings={"seq_len": cfg.model.seq_len})
     if loop.healing:
         _warm_up(state, attempt)
-    elif ckpt is not None and (restored := ckpt.restore(state)) is not None:
-        state.step = state.data.position = loop.client.position.committed = restored.step
+    elif ckpt is not None:
+        restored, where = ckpt.restore(state), cfg.checkpoint.storage.directory
+        if restored is not None:
+            state.step = state.data.position = loop.client.position.committed = restored.step
         if rank == 0:
             print(f"[nvrx_lab.replicas] RESUME replica {rc.replica_id} at step {restored.step} from the storage "
-                  f"checkpoint in {cfg.checkpoint.storage.directory}; it founds a new first quorum with the groups that "
-                  "restored it too", flush=True)
+                  f"checkpoint in {where}; it founds a new first quorum with the groups that restored it too"
+                  if restored is not None else
+                  f"[nvrx_lab.replicas] START replica {rc.replica_id} at step 1: no storage checkpoint in {where} yet",
+                  flush=True)
     return loop
 
 
