@@ -15,7 +15,8 @@ rank, read three times at ~3 TB/s of HBM: ~12 ms, and a 48-byte event; every 50 
 from __future__ import annotations
 
 import torch
-from torch.distributed.tensor import DTensor
+
+from .step import local_tensor
 
 
 def _sums(tensors: list[torch.Tensor]) -> list[float]:
@@ -23,7 +24,7 @@ def _sums(tensors: list[torch.Tensor]) -> list[float]:
     acc: dict[torch.device, torch.Tensor] = {}
     with torch.no_grad():
         for t in tensors:
-            t = (t.to_local() if isinstance(t, DTensor) else t).detach().reshape(-1)
+            t = local_tensor(t).detach().reshape(-1)
             parts = torch.stack([t.sum(dtype=torch.float64), _square_sum(t), t[::2].sum(dtype=torch.float64)])
             acc[t.device] = acc[t.device] + parts if t.device in acc else parts
     return sum((a.cpu() for a in acc.values()), torch.zeros(3, dtype=torch.float64)).tolist()

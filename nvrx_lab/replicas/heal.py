@@ -20,9 +20,9 @@ import json
 from collections.abc import Callable
 
 import torch
-from torch.distributed.tensor import DTensor
 
 from .group import ReplicaGroup
+from .step import local_tensor
 
 CHUNK_BYTES = 64 << 20
 """The most one send or receive of a heal moves."""
@@ -33,8 +33,7 @@ HEAL_BPS_FLOOR = 50e6
 def _flatten(obj, tensors: list[torch.Tensor]):
     """``obj`` with every tensor replaced by ``{"__t": i}`` (appended to ``tensors``; a DTensor's local shard)."""
     if isinstance(obj, torch.Tensor):
-        with torch.no_grad():  # then to_local is an attribute read, not an autograd op
-            tensors.append(obj.to_local() if isinstance(obj, DTensor) else obj)
+        tensors.append(local_tensor(obj))  # (under no_grad: an attribute read, not an autograd op)
         return {"__t": len(tensors) - 1}
     if isinstance(obj, dict):
         return {str(k): _flatten(v, tensors) for k, v in obj.items()}

@@ -41,7 +41,7 @@ class ReplicaStep:
     def buckets(self) -> list[torch.Tensor]:
         """This rank's gradient shards copied into buckets on the device, each of one dtype and at most
         :data:`BUCKET_BYTES` (copies: an aborted sum leaves ``.grad`` as computed, for the redo)."""
-        grads = [_local(p.grad) if p.grad is not None else torch.zeros_like(_local(p)) for p in self.params]
+        grads = [local_tensor(p.grad) if p.grad is not None else torch.zeros_like(local_tensor(p)) for p in self.params]
         out: list[list[torch.Tensor]] = []
         size = 0  # bytes in the last bucket
         for g in grads:
@@ -63,7 +63,7 @@ class ReplicaStep:
         rest, bucket, offset = iter(buckets[1:]), buckets[0], 0
         with torch.no_grad():
             for p in self.params:  # in the order buckets() packed them
-                g = _local(p.grad)
+                g = local_tensor(p.grad)
                 while offset + g.numel() > bucket.numel():
                     bucket, offset = next(rest), 0
                 g.copy_(bucket[offset:offset + g.numel()].view_as(g)).mul_(ranks / self.global_batch)
@@ -74,6 +74,7 @@ class ReplicaStep:
         return float(loss) / self.global_batch
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of ``t`` (a DTensor's local tensor, read without autograd), or ``t`` itself."""
     with torch.no_grad():
         return t.to_local() if isinstance(t, DTensor) else t
