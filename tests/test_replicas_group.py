@@ -95,6 +95,42 @@ def test_a_quorums_group_sums_buckets_of_every_dtype_over_every_member(members, 
 
 
 @pytest.mark.timeout(120)
+class _ShrinkingBackend:
+    """What the survivors' group needs of NCCL's backend to shrink (``supports_shrinking``, ``shrink``, ``abort``),
+    recorded: this box has no NCCL, and gloo cannot shrink."""
+
+    supports_shrinking = True
+
+    def __init__(self, size: int):
+        self.size, self.calls = size, []
+
+    def shrink(self, excluded, flags, opts):
+        self.calls.append(("shrink", excluded, flags))
+        return _ShrinkingBackend(self.size - len(excluded))
+
+    def abort(self):
+        self.calls.append(("abort",))
+
+
+def test_the_survivors_shrink_a_group_that_can_and_make_a_new_one_for_a_joiner():
+    """Replica 2 of 0-3 lost: the survivors' group is the old one shrunk without its index (``SHRINK_ABORT``: its
+    pending operations end first), which is aborted only then, never at the coordinator's word; a joiner, or gloo,
+    means a new group."""
+    old = ReplicaGroup(dist.HashStore(), Quorum(1, 1, (0, 1, 2, 3), None), 1, 0, torch.device("cpu"))
+    old.pg = backend = _ShrinkingBackend(4)
+    old.cut()
+    old._abort()  # the coordinator's word: the wait ends, the communicator is kept for the shrink
+    assert backend.calls == []
+    survivors, joined = Quorum(2, 1, (0, 1, 3), None), Quorum(2, 1, (0, 1, 3, 4), None, joiners=(4,))
+    assert old.can_shrink(survivors) and not old.can_shrink(joined)
+    new = old.shrink(survivors, 1).ready(lambda: False)
+    assert backend.calls == [("shrink", [2], group_module.SHRINK_ABORT), ("abort",)] and old.pg is None
+    assert (new.qid, new.index, new.size, new.pg.size) == (2, 1, 3, 3)
+    gloo = ReplicaGroup(dist.HashStore(), Quorum(1, 1, (0, 1), None), 0, 0, torch.device("cpu"))
+    gloo.pg = dist.ProcessGroupGloo(dist.HashStore(), 0, 1, __import__("datetime").timedelta(seconds=5))
+    assert not gloo.can_shrink(Quorum(2, 1, (0,), None))
+
+
 @pytest.mark.parametrize("plan", ["die", "hang"])
 def test_a_member_that_dies_or_hangs_ends_the_others_sum_and_the_survivors_sum_again(plan):
     """A death closes the victim's connections (gloo fails the sum at once); a hang is ended by the coordinator's
@@ -187,3 +223,14 @@ def test_a_heal_into_another_layout_is_refused_by_name():
     got = _heal(8, joiner_layers=3)
     _, chunks, error, _ = got[1]
     assert error is not None and "another layout than this rank's" in error and chunks == 0, error
+
+
+@pytest.mark.timeout(200)
+def test_gpuchecks_replica_abort_runs_its_three_members_on_gloo_here():
+    """``gpucheck``'s check f, the script a lent GPU runs, on the CPU: a hung member's sum aborted past patience,
+    the survivors' new group sums without it (gloo cannot shrink: "made")."""
+    from nvrx_lab.gpucheck.replicas import check_replica_abort
+
+    ok, figures, problems, lines = check_replica_abort(150, "cpu")
+    assert ok, (problems, lines)
+    assert "survivors' group made" in figures and "sums 6, 3 (gloo)" in figures, figures

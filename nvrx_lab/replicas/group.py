@@ -14,10 +14,23 @@ aborts the quorum (a member failed: :meth:`cut` from the client's reader thread)
 * a member that hangs: the coordinator says so; the wait is given up at once and the group aborted (NCCL:
   ``ncclCommAbort`` frees its kernels; gloo: its worker thread fails as soon as the hung member, evicted, exits) and
   never used again: the survivors meet in the next quorum's group.
+
+A new group is begun in the background (:meth:`ReplicaGroup.begin`) as soon as the quorum is known and waited for only
+when its first transfer starts (:meth:`ReplicaGroup.ready`): the members compute their step meanwhile, so a
+communicator's setup (2-15 ms for gloo here; an NCCL communicator over EFA on p5, seconds at 16 nodes) is hidden
+behind the step instead of added to it. The donor and a joiner need it at once, for the heal.
+
+When the next quorum is the survivors alone (a loss, no joiner) and the backend can shrink (NCCL 2.27+:
+``ncclCommShrink``), the survivors' group is the old one shrunk with ``SHRINK_ABORT`` (:meth:`ReplicaGroup.shrink`),
+which ends the old one's pending operations and reuses its connections: no new communicator's bootstrap, which on p5
+costs a round of the store plus an EFA connection setup per peer. The old group is then kept un-aborted between the
+coordinator's word and the shrink. Gloo cannot shrink (``supports_shrinking`` is False): it makes a new group, 2-15 ms
+here. A joiner always means a new group.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +40,9 @@ import torch
 import torch.distributed as dist
 
 from nvrx_lab.net import wait_for
+
+SHRINK_ABORT = 0x01
+"""``torch.distributed.distributed_c10d.SHRINK_ABORT``: the parent's pending operations are aborted first."""
 
 TICK_S = 0.002
 """How often a watched operation looks at its completion, the coordinator's word and its clocks."""
@@ -74,32 +90,84 @@ class ReplicaGroup:
     def __init__(self, store: dist.Store, quorum, replica: int, rank: int, device: torch.device,
                  timeout_s: float = 300.0):
         self.qid, self.index, self.size = quorum.qid, quorum.index(replica), len(quorum.members)
+        self.members, self.rank, self.root = tuple(quorum.members), rank, store
         self.store = dist.PrefixStore(f"rg/{quorum.qid}/{rank}", store)
         self.device, self.timeout_s = torch.device(device), timeout_s
         self.pg: dist.ProcessGroup | None = None
         self._ended: Callable[[], bool] = _nothing_pending  # whether the operation in progress ended
         self._cut = threading.Event()
+        self._maker: threading.Thread | None = None  # begin()'s, while the members meet
+        self._made: dict = {}
+        self._parent: ReplicaGroup | None = None
+        self._closed, self._lock = False, threading.Lock()
+        self.how, self.setup_s, self.waited_s = "made", 0.0, 0.0
+        """How the group was made ("made", "shrunk"), the seconds it took, the seconds the caller waited for it."""
+
+    def begin(self, make: Callable[[], dist.ProcessGroup] | None = None, parent: ReplicaGroup | None = None,
+              how: str = "made") -> ReplicaGroup:
+        """Start meeting the other members (rank ``k`` of each) in the background: torch's constructor waits for every
+        member in the store, NCCL's for a communicator's setup, and the caller computes its step meanwhile;
+        :meth:`ready` waits for the end. ``make``: how (default: a new process group); ``parent``: a group it is made
+        from, aborted once it is (:meth:`shrink`)."""
+        if self.size == 1 or self._maker is not None:
+            return self
+        make = make or (lambda: new_process_group(self.store, self.index, self.size, self.device,
+                                                  timedelta(seconds=self.timeout_s)))
+        self.how, self._parent, t0 = how, parent, time.monotonic()
+
+        def run() -> None:
+            try:
+                pg = make()
+            except Exception as e:  # noqa: BLE001 - reported by ready()
+                self._made["error"] = e
+                return
+            finally:
+                self.setup_s = time.monotonic() - t0
+            with self._lock:
+                if not self._closed:
+                    self._made["pg"] = pg
+                    return
+            with contextlib.suppress(RuntimeError):  # left before it was made: abort it here
+                pg.abort()
+
+        self._maker = threading.Thread(target=run, daemon=True, name=f"nvrx-replica-group-{self.qid}")
+        self._maker.start()
+        return self
+
+    def ready(self, aborted: Callable[[], bool]) -> ReplicaGroup:
+        """The group :meth:`begin` started, once every member met (``waited_s``: how long the caller waited for it);
+        an abort meanwhile, or a member that could not meet, is :class:`StepAborted`."""
+        if self.pg is not None or self.size == 1:
+            return self
+        t0 = time.monotonic()
+        try:
+            self.begin()._watch(lambda: not self._maker.is_alive(), aborted, "the members could not meet")
+        finally:
+            if self._parent is not None:
+                self._parent.close()
+                self._parent = None
+        self.waited_s = time.monotonic() - t0
+        if "error" in self._made:
+            raise StepAborted(f"quorum {self.qid}: the members could not meet ({self._made['error']})")
+        self.pg = self._made.pop("pg")
+        return self
 
     def connect(self, aborted: Callable[[], bool]) -> ReplicaGroup:
-        """Meet the other members (rank ``k`` of each); an abort meanwhile ends the wait (:class:`StepAborted`)."""
-        if self.size == 1:
-            return self
-        made: dict = {}
+        """:meth:`begin` and :meth:`ready` at once."""
+        return self.begin().ready(aborted)
 
-        def make() -> None:  # torch's constructor waits for every member in the store: off the watched thread
-            try:
-                made["pg"] = new_process_group(self.store, self.index, self.size, self.device,
-                                               timedelta(seconds=self.timeout_s))
-            except Exception as e:  # noqa: BLE001 - reported to the watcher below
-                made["error"] = e
+    def can_shrink(self, quorum) -> bool:
+        """Whether :meth:`shrink` makes ``quorum``'s group: the survivors of this one, nobody new, a backend that
+        shrinks (NCCL's; never gloo's)."""
+        return (self.pg is not None and not quorum.joiners and set(quorum.members) < set(self.members)
+                and len(quorum.members) > 1 and bool(getattr(self.pg, "supports_shrinking", False)))
 
-        maker = threading.Thread(target=make, daemon=True, name=f"nvrx-replica-group-{self.qid}")
-        maker.start()
-        self._watch(lambda: not maker.is_alive(), aborted, "the members could not meet")
-        if "error" in made:
-            raise StepAborted(f"quorum {self.qid}: the members could not meet ({made['error']})")
-        self.pg = made["pg"]
-        return self
+    def shrink(self, quorum, replica: int) -> ReplicaGroup:
+        """``quorum``'s group, begun (:meth:`begin`): this one without the members it lost (:meth:`can_shrink`), which
+        every survivor makes; this one is aborted once it is ready, or failed."""
+        gone, pg = [i for i, m in enumerate(self.members) if m not in quorum.members], self.pg
+        new = ReplicaGroup(self.root, quorum, replica, self.rank, self.device, self.timeout_s)
+        return new.begin(lambda: pg.shrink(gone, SHRINK_ABORT, None), parent=self, how="shrunk")
 
     def cut(self) -> None:
         """From any thread: end this group's transfers now (the quorum was aborted)."""
@@ -109,6 +177,14 @@ class ReplicaGroup:
         """Leave the group for good (a new quorum has its own): abort it, which waits for no other member, and keep it
         until its pending operations end (they fail once the member they wait on is gone)."""
         _abandoned[:] = [(pg, ended) for pg, ended in _abandoned if not ended()]
+        with self._lock:
+            self._closed = True  # a group still being made is aborted by its maker; one made and not taken, here
+            if (unused := self._made.pop("pg", None)) is not None:
+                with contextlib.suppress(RuntimeError):
+                    unused.abort()
+        if self._parent is not None:
+            self._parent.close()
+            self._parent = None
         if self.pg is not None:
             pg, self.pg = self.pg, None
             try:
@@ -125,12 +201,14 @@ class ReplicaGroup:
         quorum is aborted meanwhile or a member's connection closes; ``on_stuck`` once past ``patience``."""
         if self.size == 1:
             return
+        self.ready(aborted)
         works = [self.pg.allreduce([t]) for t in tensors]
         self._wait(works, aborted, "the sum", patience, on_stuck)
 
     def send(self, tensors: list[torch.Tensor], dst: int, aborted: Callable[[], bool],
              on_done: Callable[[], None] = lambda: None) -> None:
         """Send ``tensors`` to member index ``dst``, one after another (``on_done`` after each)."""
+        self.ready(aborted)
         for t in tensors:
             self._wait([self.pg.send([t], dst, 0)], aborted, f"a send to member {dst}", point_to_point=True)
             on_done()
@@ -138,6 +216,7 @@ class ReplicaGroup:
     def recv(self, tensors: list[torch.Tensor], src: int, aborted: Callable[[], bool],
              on_done: Callable[[], None] = lambda: None) -> None:
         """Receive into ``tensors`` from member index ``src``, one after another (``on_done`` after each)."""
+        self.ready(aborted)
         for t in tensors:
             self._wait([self.pg.recv([t], src, 0)], aborted, f"a receive from member {src}", point_to_point=True)
             on_done()
@@ -188,5 +267,8 @@ class ReplicaGroup:
                               f"({self.timeout_s:.0f} s, --replica-timeout)") from None
 
     def _abort(self) -> None:
+        """End the wait now; the group itself is aborted now, or by the survivors' :meth:`shrink` (which aborts its
+        pending operations first) or their next :meth:`close` on a backend that shrinks."""
         self._cut.set()
-        self.close()
+        if not getattr(self.pg, "supports_shrinking", False):
+            self.close()

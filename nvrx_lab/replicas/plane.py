@@ -59,8 +59,9 @@ class Plane:
         replica = self.client.replica
         try:
             if group is None or group.qid != quorum.qid:
-                group = self._group(quorum, group)
+                group = self._group(quorum, group)  # begun: it is made while this rank computes
             if replica == quorum.donor or replica in quorum.joiners:
+                self._ready(group, quorum)
                 with self.progress.working():  # each chunk is a unit: a large heal is slow, not hung
                     self._heal(group, quorum, emit)
             return group, True
@@ -70,13 +71,25 @@ class Plane:
             return group, False
 
     def _group(self, quorum: Quorum, old: ReplicaGroup | None) -> ReplicaGroup:
-        """The process group of this quorum (the last one's aborted); an abort meanwhile ends the meeting."""
-        if old is not None:
-            old.close()
-        group = ReplicaGroup(self.store, quorum, self.client.replica, self.me.rank, self.me.device,
-                             self.rc.timeout)
+        """The process group of this quorum, begun (:meth:`ReplicaGroup.begin`): the last one shrunk where the backend
+        can (:meth:`ReplicaGroup.shrink`), else a new one (the last one aborted)."""
+        if old is not None and old.can_shrink(quorum):
+            group = old.shrink(quorum, self.client.replica)
+        else:
+            if old is not None:
+                old.close()
+            group = ReplicaGroup(self.store, quorum, self.client.replica, self.me.rank, self.me.device,
+                                 self.rc.timeout).begin()
         self.client.on_abort = lambda qid: group.cut() if qid == group.qid else None
-        return group.connect(lambda: self.client.aborted(quorum.qid))
+        return group
+
+    def _ready(self, group: ReplicaGroup, quorum: Quorum) -> None:
+        """Wait for the quorum's group (an abort meanwhile ends the wait); once, the event says how it was made, in how
+        long, and how long of that this rank waited (the rest was hidden behind its step)."""
+        if group.pg is None and group.size > 1:
+            group.ready(lambda: self.client.aborted(quorum.qid))
+            self.me.emit("replica_group", step=quorum.step, qid=quorum.qid, members=list(quorum.members),
+                         how=group.how, setup_s=group.setup_s, waited_s=group.waited_s)
 
     def _heal(self, group: ReplicaGroup, quorum: Quorum, emit: Callable[..., None]) -> None:
         t0, aborted, state = time.monotonic(), (lambda: self.client.aborted(quorum.qid)), self.state
@@ -93,6 +106,7 @@ class Plane:
 
     def reduce(self, work: ReplicaStep, group: ReplicaGroup, quorum: Quorum, periods: list[float]) -> int:
         """Sum the step's gradients over the members; the step it finished (:class:`StepAborted` if it did not)."""
+        self._ready(group, quorum)
         buckets = work.buckets()
         wait = self.rc.patience or (max(0.05, 2 * statistics.median(periods[-20:])) if periods else 5.0)
         if quorum.joiners or quorum.committed is None:  # a replacement's first step, or a redo on a group just
