@@ -63,6 +63,31 @@ def test_members_leaving_mid_step_hand_their_rows_to_the_survivors_exactly_once(
         StepShares(4, Quorum(0, 1, (0, 1), None)).redo(Quorum(1, 1, (0, 2), None))
 
 
+@pytest.mark.parametrize("groups,ranks", [(g, r) for g in (2, 3, 4) for r in (1, 2, 3, 4)])
+def test_every_share_shape_trains_each_row_once_whichever_member_is_lost(groups, ranks):
+    """The shape grid's arithmetic (:mod:`nvrx_lab.bench._replicas_grid` runs it end to end): groups 2-4 of 1-4 ranks,
+    a batch that divides and one that does not, each member lost in turn. Every row is some rank's exactly once, and
+    where a redo leaves a rank none, that rank is still there to compute its stand-in row (its group's FSDP
+    collectives must match)."""
+    from nvrx_lab.bench._replicas_grid import batches
+
+    empty = fewer = 0
+    for batch in batches(groups, ranks):
+        members = tuple(range(groups))
+        for lost in members:
+            shares = StepShares(batch, Quorum(0, 1, members, None))
+            gone = _flat(shares.rows(lost))
+            survivors = tuple(m for m in members if m != lost)
+            redo = shares.redo(Quorum(1, 1, survivors, None))
+            parts = [_flat(rank_part(redo[m], k, ranks)) for m in survivors for k in range(ranks)]
+            assert sorted(r for p in parts for r in p) == gone, (batch, lost, parts)  # the lost rows, each once...
+            held = [_flat(rank_part(shares.rows(m), k, ranks)) for m in survivors for k in range(ranks)]
+            assert sorted(r for p in held for r in p) == list(range(batch)), (batch, lost, held)  # ...and the step's
+            empty += sum(not p for p in parts)
+            fewer += len(gone) < len(parts)
+    assert (empty > 0) == (fewer > 0)  # ranks without rows wherever a redo has fewer rows than ranks: 8 shapes of 12
+
+
 def test_a_replicas_rows_split_among_its_ranks():
     rows = [range(0, 3), range(7, 10)]
     parts = [_flat(rank_part(rows, k, 4)) for k in range(4)]
@@ -338,22 +363,40 @@ def test_twenty_faults_of_every_kind_lose_and_duplicate_no_sample(tmp_path):
 
 @pytest.mark.timeout(600)
 def test_fsdp_groups_survive_a_killed_rank_and_a_redo_that_leaves_ranks_without_rows(tmp_path):
-    """Three groups of two ranks (FSDP inside each) and a global batch of 6, a row a rank. Rank 1 of group 1 is
-    killed in step 4: torchrun restarts the group's two workers, which heal from a live group; the survivors' redo
-    of step 4 shares group 1's 2 rows, one a group, so one rank of each has none. It computes a stand-in row weighted
+    """Three groups of two ranks (FSDP inside each) and a global batch of 7, which divides neither by the groups nor
+    by a group's ranks (group 2's 3 rows: 2 on one rank, 1 on the other). Rank 1 of group 1 is killed in step 4:
+    torchrun restarts the group's two workers, which heal from a live group; the survivors' redo of step 4 shares
+    group 1's 2 rows, one a group, so one rank of each has none. It computes a stand-in row weighted
     zero (its group's FSDP collectives must match) and the curve stays a fault-free run's. (Every survivor crashed
     there on a reshape of 0 rows, and the job ended.) Each torchrun restart round needs a store of its own: in
     torchrun's shared one a restarted worker read the dead round's gloo address and failed to connect, 2 runs of 2;
     ``replicas.local`` sets ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``. With ``--min-replicas 3`` step 5 waits for the
     replacement, so it heals however slowly a loaded box starts it."""
-    batch6 = [*TINY[:-4], "--global-batch", "6", "--log-every", "0"]
-    said = _local(tmp_path / "faults", 3, 2, 6, "3:4:sigkill", model=batch6, min_replicas=3)
+    batch7 = [*TINY[:-4], "--global-batch", "7", "--log-every", "0"]
+    said = _local(tmp_path / "faults", 3, 2, 6, "3:4:sigkill", model=batch7, min_replicas=3)
     assert "ledger: 6 committed steps, 0 samples lost, 0 duplicated" in said, said
     quorums = read_events(tmp_path / "faults" / "coordinator.jsonl", "quorum")
     redo = [b for a, b in zip(quorums, quorums[1:], strict=False) if b["step"] == a["step"]]
     assert redo and redo[0]["members"] == [0, 2], quorums
     assert read_events(tmp_path / "faults" / "replica1.jsonl", "healed")
-    _on_the_fault_free_curve(tmp_path, 1, 2, 6, model=batch6)
+    _on_the_fault_free_curve(tmp_path, 1, 2, 6, model=batch7)
+
+
+GRID = [(g, r, b) for g in (2, 3, 4) for r in (1, 2, 3, 4) for b in (g * r, g * r + 1)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("groups,ranks,batch", GRID, ids=[f"{g}x{r}-b{b}" for g, r, b in GRID])
+def test_the_shape_grid_every_group_lost_in_turn(groups, ranks, batch, tmp_path):
+    """Groups 2-4 of 1-4 ranks, a batch that divides and one that does not; each group loses one rank in turn (an
+    exception, a SIGKILL, a hang): the run exits 0, every fault fires at its step, every row of every committed step
+    is trained once, and the groups' fingerprints agree at every step (``bench replicas --grid`` runs the same cases;
+    ``make test`` runs 3 x 2 with a batch of 7 below)."""
+    from nvrx_lab.bench._replicas_grid import run_case
+
+    row = run_case(tmp_path, groups, ranks, batch, timeout=480)
+    assert row["ok"], row["error"]
 
 
 @pytest.mark.timeout(120)
@@ -625,3 +668,15 @@ def test_the_bench_puts_the_data_planes_bytes_on_p5_beside_its_figures():
     assert row["moved_gb"] == pytest.approx(7.03, abs=0.01) and row["efa_s"] == pytest.approx(0.1405, abs=1e-3)
     assert row["tcp_flow_s"] == pytest.approx(5.62, abs=0.01)
     assert grad_mb() >= 50  # the overhead row's model is not toy sized
+
+
+def test_the_bench_picks_its_rows_and_refuses_an_unknown_one_by_name(capsys):
+    from nvrx_lab.bench._replicas_grid import schedule
+    from nvrx_lab.bench.replicas import main as bench
+
+    with pytest.raises(SystemExit) as e:
+        bench(["--rows", "grid,bogus"])
+    assert e.value.code == 2 and "--rows 'grid,bogus': expected a comma list of faults, overhead, many, grid" in \
+        capsys.readouterr().err
+    # the grid loses each group in turn, one rank of it (rank = group x ranks + rank), the kinds in turn
+    assert schedule(3, 2) == ("0:3:exception,3:5:sigkill,4:7:hang", 11)

@@ -24,7 +24,9 @@ through ``--many`` faults (every kind, on every replica in turn), its ledger.
 Fault-free at a job's shape (:mod:`._replicas_shape`): ``overhead_x``, replica groups' step ÷ plain HSDP's over the
 same 6 ranks and global batch (56 MB of gradients, a step of about a second), and the data plane's bytes and time per
 step on p5 for Llama 3.1 8B and 70B.
-``--quick``: one run per fault, 6 faults in the long run, one HSDP/replica-groups pair.
+The shape grid (:mod:`._replicas_grid`): groups 2-4 x ranks 1-4, batches that divide and do not, every group lost in
+turn; each case's exit, ledger and fingerprints (``--grid``).
+``--quick``: one run per fault, 6 faults in the long run, one HSDP/replica-groups pair, the grid's corners.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from nvrx_lab.bench._replicas_grid import grid
 from nvrx_lab.bench._replicas_shape import EFA_GBPS_PER_GPU, TCP_FLOW_GBPS, WARM, overhead, p5_rows
 from nvrx_lab.cli import Parser
 from nvrx_lab.observe.events import read_events
@@ -188,6 +191,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="alternations of plain HSDP and replica groups at a job's shape, fault-free (default 3, "
                          "--quick 1; 0: none): the overhead_x row")
     ap.add_argument("--overhead-steps", type=int, default=16, help="steps of each of those runs (default 16)")
+    ap.add_argument("--grid", choices=["full", "corners", "none"], default="full",
+                    help="the shape grid: groups 2-4 x ranks 1-4 (full, ~25 min here), its corners (--quick) or none")
+    ap.add_argument("--rows", default=",".join(ROWS),
+                    help=f"which rows, a comma list of {', '.join(ROWS)} (default all; e.g. --rows grid)")
     ap.add_argument("--peers", choices=["auto", "no"], default="auto", help="torchft rows when installed (auto)")
     ap.add_argument("--out", default="build/bench/replicas.json")
     a = ap.parse_args(argv)
@@ -199,16 +206,16 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--runs must be >= 1, got {runs}")
     if pairs < 0 or a.overhead_steps < WARM + 3:
         ap.error(f"--overhead-pairs must be >= 0 and --overhead-steps >= {WARM + 3}, got {pairs} and {a.overhead_steps}")
-    rows, failed = [], []
+    want = {r.strip() for r in a.rows.split(",") if r.strip()}
+    if not want or want - set(ROWS):
+        ap.error(f"--rows {a.rows!r}: expected a comma list of {', '.join(ROWS)}")
+    cases = ("corners" if a.quick and a.grid == "full" else a.grid) if "grid" in want else "none"
+    runs, pairs, many = (runs if "faults" in want else 0), (pairs if "overhead" in want else 0), (many if "many" in want else 0)
+    rows, failed, shapes = [], [], []
     with tempfile.TemporaryDirectory(prefix="nvrx-replicas-") as tmp:
         root = Path(tmp)
-        clean_runs, errors = _repeat(lambda: ours(root, None, a.steps, a.fault_step, dim=a.dim), 1, "ours fault-free")
-        clean = clean_runs[0] if clean_runs else None
-        rows.append(_median_row("nvrx_lab", "none", clean_runs, clean, errors))
-        for kind in (*KINDS, "coordinator"):
-            done, errors = _repeat(lambda k=kind: ours(root, k, a.steps, a.fault_step, dim=a.dim), runs, f"ours {kind}")
-            rows.append(_median_row("nvrx_lab", kind, done, clean, errors))
-        rows += torchft_rows(root, a, runs)
+        if runs:
+            rows += fault_rows(root, a, runs)
         if pairs:
             done, errors = _repeat(lambda: overhead(root, pairs, a.overhead_steps), 1, "ours vs HSDP")
             rows.append(done[0] if done else _median_row("nvrx_lab", "none: vs HSDP", [], None, errors))
@@ -217,15 +224,44 @@ def main(argv: list[str] | None = None) -> int:
             done, errors = _repeat(lambda: ours(root, None, steps, 0, faults=spec, min_replicas=3), 1,
                                    f"ours {many} faults")
             rows.append(_median_row("nvrx_lab", f"{many} faults", done, None, errors))
+        if cases != "none":
+            shapes = grid(root, quick=cases == "corners")
     failed = [f"{r['system']} {r['fault']}" for r in rows if r.get("error")]
+    failed += [f"grid {r['groups']}x{r['ranks']} batch {r['global_batch']}" for r in shapes if not r["ok"]]
     command = ("python -m nvrx_lab.bench replicas " + shlex.join(argv if argv is not None else sys.argv[1:])).strip()
     p5 = p5_rows()
     print(f"The data plane on p5 (a rank's float32 gradient shard; EFA {EFA_GBPS_PER_GPU:g} Gb/s a "
           f"GPU, one TCP flow {TCP_FLOW_GBPS:g} Gb/s):\n{format_table(p5)}\n")
-    report("replicas", rows, a.out, command, extra={"p5": p5}, columns=[
+    if shapes:
+        print(f"The shape grid (every group lost in turn; {sum(r['ok'] for r in shapes)}/{len(shapes)} cases exact):\n"
+              f"{format_table(shapes, GRID_COLUMNS)}\n")
+        for r in shapes:
+            if not r["ok"]:
+                print(f"[bench replicas] grid: FAILED {r['error']}", flush=True)
+    report("replicas", rows, a.out, command, extra={"p5": p5, "grid": shapes}, columns=[
         "system", "fault", "runs", "survivor_stall_x", "steps_lost", "heal_s", "start_s", "transfer_s", "samples_lost",
         "samples_duplicated", "goodput", "overhead_x", "median_step_s", "hsdp_step_s", "grad_mb", "wall_s"])
     return exit_status(failed)
+
+
+ROWS = ("faults", "overhead", "many", "grid")
+"""The bench's parts: each fault kind and the coordinator's loss (ours and torchft's), ``overhead_x``, the long run
+of many faults, the shape grid."""
+
+
+def fault_rows(root: Path, a, runs: int) -> list[dict]:
+    """A fault-free run, then ``runs`` of each fault kind and of the coordinator's loss; torchft's beside them."""
+    clean_runs, errors = _repeat(lambda: ours(root, None, a.steps, a.fault_step, dim=a.dim), 1, "ours fault-free")
+    clean = clean_runs[0] if clean_runs else None
+    rows = [_median_row("nvrx_lab", "none", clean_runs, clean, errors)]
+    for kind in (*KINDS, "coordinator"):
+        done, errors = _repeat(lambda k=kind: ours(root, k, a.steps, a.fault_step, dim=a.dim), runs, f"ours {kind}")
+        rows.append(_median_row("nvrx_lab", kind, done, clean, errors))
+    return rows + torchft_rows(root, a, runs)
+
+
+GRID_COLUMNS = ["groups", "ranks", "global_batch", "ok", "steps", "faults_fired", "samples_lost", "samples_duplicated",
+                "fingerprinted", "wall_s"]
 
 
 def torchft_rows(root: Path, a, runs: int) -> list[dict]:

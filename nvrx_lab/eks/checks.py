@@ -169,9 +169,9 @@ def _check_training(s: JobSpec) -> None:
     if s.steps < 1:
         _fail("steps", f"must be >= 1, got {s.steps}")
     world = s.world
-    if s.global_batch < 0 or (s.global_batch and s.global_batch % world):
+    if s.global_batch < 0 or (s.global_batch and s.global_batch % world and s.mode != "replicas"):
         _fail("global_batch", f"{s.global_batch} does not divide by the world size {world} ({_world(s)}); "
-                              "allowed: 0 (two per GPU) or a multiple of the world size")
+                              "allowed: 0 (two per GPU) or a multiple of the world size (any batch in the replicas mode)")
     if s.ckpt not in ("", "none", "sync", "async"):
         _fail("ckpt", f"{s.ckpt!r}; allowed: '' (the mode's default: {s.mode_info.ckpt}), none, sync, async")
     if s.ckpt_interval < 0 or (s.ckpt_interval == 0 and s.ckpt_mode != "none"):

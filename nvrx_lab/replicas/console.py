@@ -34,6 +34,7 @@ class Narrator:
         self.out, self.replicas = out, replicas
         self._read_to: dict[int, int] = {r: 0 for r in range(replicas)}  # bytes of each stream already said
         self._faults: dict[int, float] = {}  # replica -> the moment of its last fault
+        self._healed: set[tuple[int, int]] = set()  # (replica, step) heals said
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._follow, daemon=True, name="nvrx-replicas-console")
         self._thread.start()
@@ -63,7 +64,8 @@ class Narrator:
             self._faults[replica] = e["t"]
             print(f"[nvrx_lab.replicas] FAULT replica {replica}: {e['fault']} in step {e['step']} (rank {e['target']} of "
                   f"the job)", file=sys.stderr, flush=True)
-        elif e["kind"] == "healed":
+        elif e["kind"] == "healed" and (replica, e["step"]) not in self._healed:  # once a group, not once a rank
+            self._healed.add((replica, e["step"]))
             after = f", {e['t'] - self._faults[replica]:.1f} s after its fault" if replica in self._faults else ""
             print(f"[nvrx_lab.replicas] replica {replica} healed from replica {e['donor']} before step {e['step']} "
                   f"(its state in {e['seconds']:.2f} s){after}", file=sys.stderr, flush=True)
@@ -88,7 +90,7 @@ def summary(out: Path, replicas: int) -> str:
         events = read_events(path) if path.exists() else []
         steps = sorted((e for e in events if e["kind"] == "step"), key=lambda e: e["step"])
         gaps += [b["t"] - a["t"] for a, b in zip(steps, steps[1:], strict=False) if b["step"] == a["step"] + 1]
-        healed += sum(1 for e in events if e["kind"] == "healed")
+        healed += len({e["step"] for e in events if e["kind"] == "healed"})  # every rank of the group heals
     if not gaps:
         return "REPLICAS no step committed"
     pause = f"longest pause {max(gaps):.2f} s against a median step of {statistics.median(gaps):.3f} s"

@@ -141,7 +141,8 @@ class TrainConfig(Settings):
 
 def check_config(cfg: TrainConfig, world_size: int) -> None:
     """What no process could train at ``world_size`` ranks (the rest each section checked when it was built)."""
-    if cfg.global_batch % world_size:
+    # replica groups share any batch among their ranks (a rank with no rows computes a stand-in row weighted zero)
+    if cfg.global_batch % world_size and cfg.restart.mode != "replicas":
         raise ValueError(f"--global-batch {cfg.global_batch} does not divide by the world size {world_size}")
     if world_size % cfg.replicate:
         raise ValueError(f"--replicate {cfg.replicate} does not divide the world size {world_size}: HSDP shards over "
