@@ -12,6 +12,9 @@ GPU busy-waits). So the coordinator asks each of the suspect's ranks, every ``PR
 * units completed between two looks: **slow**, said once on the console and as a ``replica_slow`` event, and
   looked at again until the step is done;
 * not computing (already in its own reduction, or between two phases): looked at again.
+
+Each report is a ``replica_waits`` event (who waited, in which step, on whom): the evidence when a slow member was
+not looked at (it was never later than the others' patience).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ class Probes:
                 return                                               # (a report sent just before it completed)
             c.members[replica].stuck = True
             culprits = [m for m in live if not m.stuck]  # no more than the waiters: one merely slower than the first
+            c.emit("replica_waits", replica=replica, qid=qid, step=c.quorum.step, on=[m.replica for m in culprits])
             if culprits and len(culprits) <= len(live) - len(culprits):  # to wait may wait too; hung or slow? (.probe)
                 self.suspect(qid, culprits)
 
