@@ -152,7 +152,8 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type) -> None:
             kwargs.update(type=_bool, nargs="?", const=True, metavar="{true,false}")  # a bare --flag is true
         else:
             kwargs["type"] = f.metadata.get("parse", kind)
-        kwargs["help"] = f"{help_text} (default: {default!r})" if help_text else f"default: {default!r}"
+        shown = "" if default is None and help_text else f" (default: {default!r})"  # None: the doc says whose
+        kwargs["help"] = f"{help_text}{shown}" if help_text else f"default: {default!r}"
         parser.add_argument("--" + flag, **kwargs)
 
 

@@ -76,6 +76,7 @@ def test_single_process_matches_the_two_rank_curve_closely(tmp_path):
         (["--replicate", "3"], "--replicate 3 does not divide the world size 2: HSDP shards over world/N ranks; pass a "
                                "divisor of 2"),
         (["--replicate", "0"], "--replicate must be >= 1 (1: FSDP over every rank), got 0"),
+        (["--model", "llama3.1-8b", "--n-kv-heads", "5"], "--n-kv-heads 5 must divide --n-heads 32"),
     ],
 )
 def test_bad_config_names_the_flag(flags, message, monkeypatch, capsys):

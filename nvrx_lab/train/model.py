@@ -1,42 +1,107 @@
-"""A small Llama-style decoder: RMSNorm, rotary embeddings, SwiGLU, optional tied embeddings.
+"""A Llama-style decoder: RMSNorm, rotary embeddings (with Llama 3.1's frequency scaling), grouped-query attention,
+SwiGLU, optional tied embeddings.
 
-Sized by :class:`ModelConfig`; the defaults train a few steps per second on 2 CPU cores. Each
-:class:`Block` is the unit that FSDP2 shards (``fully_shard`` per block, then the root).
+Sized by :class:`ModelConfig`, whose ``--model`` preset gives every shape field a value the flags may override:
+``tiny`` (the default) trains a few steps per second on 2 CPU cores; ``llama3.2-1b``, ``llama3.1-8b`` and
+``llama3.1-70b`` are the published shapes (:data:`PRESETS`; their parameter counts are checked against the published
+ones on the meta device). Each :class:`Block` is the unit that FSDP2 shards (``fully_shard`` per block, then the
+root).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field, fields
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+PRESETS: dict[str, dict] = {
+    "tiny": dict(vocab_size=256, dim=128, n_layers=2, n_heads=4, n_kv_heads=4, hidden_dim=344, seq_len=64,
+                 tie_embeddings=True, rope_theta=10000.0, rope_scaling=0.0),
+    "llama3.2-1b": dict(vocab_size=128256, dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, hidden_dim=8192,
+                        seq_len=8192, tie_embeddings=True, rope_theta=500000.0, rope_scaling=32.0),
+    "llama3.1-8b": dict(vocab_size=128256, dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, hidden_dim=14336,
+                        seq_len=8192, tie_embeddings=False, rope_theta=500000.0, rope_scaling=8.0),
+    "llama3.1-70b": dict(vocab_size=128256, dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, hidden_dim=28672,
+                         seq_len=8192, tie_embeddings=False, rope_theta=500000.0, rope_scaling=8.0),
+}
+"""The shapes of Meta's published configurations (``params.json``): Llama 3.2 1B (the 1B class, one GPU; tied
+embeddings), Llama 3.1 8B and 70B (untied); vocabulary 128,256, rope theta 500,000, the SwiGLU widths given, and
+Llama 3.1's sequence length of 8,192."""
+PUBLISHED = {"llama3.2-1b": 1.24e9, "llama3.1-8b": 8.03e9, "llama3.1-70b": 70.6e9}
+"""Parameters, as published (model cards)."""
+ROPE_ORIGINAL_CONTEXT, ROPE_LOW_FREQ, ROPE_HIGH_FREQ = 8192, 1.0, 4.0
+"""Llama 3.1's rope scaling: the pretraining context, and the wavelengths (context / factor) between which the
+frequencies are blended from unscaled (short wavelengths) to divided by ``rope_scaling`` (long ones)."""
+
 
 @dataclass
 class ModelConfig:
-    vocab_size: int = 256
-    """Vocabulary of the synthetic tokens and the model."""
-    dim: int = 128
-    """Model width."""
-    n_layers: int = 2
-    """Transformer blocks (each one FSDP unit)."""
-    n_heads: int = 4
-    """Attention heads; dim / n_heads must be even."""
-    hidden_dim: int = 344
-    """SwiGLU hidden width."""
-    seq_len: int = 64
-    """Tokens per sequence (the rotary tables cover this many positions)."""
-    tie_embeddings: bool = True
-    """Share the input embedding with the output head."""
-    rope_theta: float = 10000.0
-    """Base of the rotary embedding's frequencies."""
+    preset: Literal["tiny", "llama3.2-1b", "llama3.1-8b", "llama3.1-70b"] = field(default="tiny",
+                                                                                  metadata={"flag": "model"})
+    """The model's shape: tiny (2 CPU cores), llama3.2-1b (one GPU), llama3.1-8b, llama3.1-70b (the published
+    shapes); every field below left unset takes the preset's value."""
+    vocab_size: int | None = field(default=None, metadata={"parse": int})
+    """Vocabulary of the tokens and the model (the preset's: tiny 256, Llama 128,256)."""
+    dim: int | None = field(default=None, metadata={"parse": int})
+    """Model width (the preset's)."""
+    n_layers: int | None = field(default=None, metadata={"parse": int})
+    """Transformer blocks, each one FSDP unit (the preset's)."""
+    n_heads: int | None = field(default=None, metadata={"parse": int})
+    """Attention heads; dim / n_heads must be even (the preset's)."""
+    n_kv_heads: int | None = field(default=None, metadata={"parse": int})
+    """Key/value heads (grouped-query attention; must divide n_heads; the preset's, or n_heads with --n-heads)."""
+    hidden_dim: int | None = field(default=None, metadata={"parse": int})
+    """SwiGLU hidden width (the preset's)."""
+    seq_len: int | None = field(default=None, metadata={"parse": int})
+    """Tokens per sequence; the rotary tables cover this many positions (the preset's: tiny 64, Llama 8,192)."""
+    tie_embeddings: bool | None = field(default=None, metadata={"parse": lambda text: _bool(text)})
+    """Share the input embedding with the output head (the preset's: tiny and 1B yes, 8B and 70B no)."""
+    rope_theta: float | None = field(default=None, metadata={"parse": float})
+    """Base of the rotary embedding's frequencies (the preset's: tiny 10,000, Llama 500,000)."""
+    rope_scaling: float | None = field(default=None, metadata={"parse": float})
+    """Llama 3.1's rope frequency scaling factor (the preset's: 8 for 3.1, 32 for 3.2 1B; 0: none)."""
     norm_eps: float = 1e-5
     """RMSNorm epsilon."""
 
     def __post_init__(self):
+        if self.preset not in PRESETS:
+            raise ValueError(f"--model {self.preset!r}: expected one of {', '.join(PRESETS)}")
+        preset = dict(PRESETS[self.preset])
+        if self.n_heads is not None and self.n_kv_heads is None:
+            preset["n_kv_heads"] = self.n_heads  # a head count of one's own: plain multi-head attention
+        for f in fields(self):
+            if getattr(self, f.name) is None:
+                setattr(self, f.name, preset[f.name])
+        for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "hidden_dim", "seq_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.dim % self.n_heads or (self.dim // self.n_heads) % 2:
             raise ValueError(f"--dim {self.dim} / --n-heads {self.n_heads} must give an even head size")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"--n-kv-heads {self.n_kv_heads} must divide --n-heads {self.n_heads}")
+        if self.rope_scaling < 0 or self.rope_theta <= 0:
+            raise ValueError(f"--rope-scaling must be >= 0 (0: none) and --rope-theta > 0, got {self.rope_scaling} "
+                             f"and {self.rope_theta}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+
+def _bool(text: str) -> bool:
+    from nvrx_lab.cli import _bool as parse
+
+    return parse(text)
+
+
+def parameter_count(cfg: ModelConfig) -> int:
+    """Parameters of the model ``cfg`` describes, built on the meta device (no memory: 70B is fine)."""
+    with torch.device("meta"):
+        return sum(p.numel() for p in Transformer(cfg).parameters())
 
 
 class RMSNorm(nn.Module):
@@ -50,9 +115,24 @@ class RMSNorm(nn.Module):
         return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
 
 
-def rope_tables(head_dim: int, seq_len: int, theta: float, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin tables, shape (seq_len, head_dim // 2)."""
+def rope_frequencies(head_dim: int, theta: float, scaling: float = 0.0, device=None) -> torch.Tensor:
+    """The rotary embedding's frequencies, with Llama 3.1's scaling when ``scaling`` > 0: wavelengths shorter than
+    the pretraining context / 4 are kept, those longer than the context are divided by ``scaling``, and those between
+    are blended."""
     inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+    if not scaling:
+        return inv
+    wavelen = 2 * math.pi / inv
+    low, high = ROPE_ORIGINAL_CONTEXT / ROPE_LOW_FREQ, ROPE_ORIGINAL_CONTEXT / ROPE_HIGH_FREQ
+    smooth = ((ROPE_ORIGINAL_CONTEXT / wavelen - ROPE_LOW_FREQ) / (ROPE_HIGH_FREQ - ROPE_LOW_FREQ)).clamp(0, 1)
+    blended = (1 - smooth) * inv / scaling + smooth * inv
+    return torch.where(wavelen < high, inv, torch.where(wavelen > low, inv / scaling, blended))
+
+
+def rope_tables(head_dim: int, seq_len: int, theta: float, device=None,
+                scaling: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables, shape (seq_len, head_dim // 2)."""
+    inv = rope_frequencies(head_dim, theta, scaling, device)
     angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv)
     return angles.cos(), angles.sin()
 
@@ -66,18 +146,22 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
+    """Causal self-attention; ``n_kv_heads`` < ``n_heads`` is grouped-query attention (each key/value head serves
+    n_heads / n_kv_heads query heads). One projection makes q, k and v."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.n_heads = cfg.n_heads
-        self.head_dim = cfg.dim // cfg.n_heads
-        self.wqkv = nn.Linear(cfg.dim, 3 * cfg.dim, bias=False)
-        self.wo = nn.Linear(cfg.dim, cfg.dim, bias=False)
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.wqkv = nn.Linear(cfg.dim, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim, bias=False)
+        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, s, d = x.shape
-        q, k, v = self.wqkv(x).view(b, s, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = self.wqkv(x).split([self.n_heads * self.head_dim, *[self.n_kv_heads * self.head_dim] * 2], dim=-1)
+        q = q.view(b, s, self.n_heads, self.head_dim).transpose(1, 2)
+        k, v = (t.view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2) for t in (k, v))
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
         return self.wo(y.transpose(1, 2).reshape(b, s, d))
 
 
@@ -108,8 +192,6 @@ class Block(nn.Module):
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        if cfg.dim % cfg.n_heads or (cfg.dim // cfg.n_heads) % 2:
-            raise ValueError(f"dim={cfg.dim} must split into n_heads={cfg.n_heads} heads of even size")
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
@@ -117,7 +199,7 @@ class Transformer(nn.Module):
         self.head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.head.weight = self.embed.weight
-        cos, sin = rope_tables(cfg.dim // cfg.n_heads, cfg.seq_len, cfg.rope_theta)
+        cos, sin = rope_tables(cfg.head_dim, cfg.seq_len, cfg.rope_theta, scaling=cfg.rope_scaling)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.apply(self._init)

@@ -51,8 +51,8 @@ def fault_state_file(cfg: TrainConfig) -> Path | None:
     return None
 
 
-IDENTITY = ("seed", "vocab_size", "seq_len", "global_batch", "dim", "n_layers", "n_heads", "hidden_dim",
-            "tie_embeddings", "rope_theta", "norm_eps")
+IDENTITY = ("seed", "vocab_size", "seq_len", "global_batch", "dim", "n_layers", "n_heads", "n_kv_heads", "hidden_dim",
+            "tie_embeddings", "rope_theta", "rope_scaling", "norm_eps")
 """Flags a resumed run must keep: the checkpointed state and the token stream depend on them."""
 
 
