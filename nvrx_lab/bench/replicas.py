@@ -232,12 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     p5 = p5_rows()
     print(f"The data plane on p5 (a rank's float32 gradient shard; EFA {EFA_GBPS_PER_GPU:g} Gb/s a "
           f"GPU, one TCP flow {TCP_FLOW_GBPS:g} Gb/s):\n{format_table(p5)}\n")
-    if shapes:
-        print(f"The shape grid (every group lost in turn; {sum(r['ok'] for r in shapes)}/{len(shapes)} cases exact):\n"
-              f"{format_table(shapes, GRID_COLUMNS)}\n")
-        for r in shapes:
-            if not r["ok"]:
-                print(f"[bench replicas] grid: FAILED {r['error']}", flush=True)
+    print_grid(shapes)
     report("replicas", rows, a.out, command, extra={"p5": p5, "grid": shapes}, columns=[
         "system", "fault", "runs", "survivor_stall_x", "steps_lost", "heal_s", "start_s", "transfer_s", "samples_lost",
         "samples_duplicated", "goodput", "overhead_x", "median_step_s", "hsdp_step_s", "grad_mb", "wall_s"])
@@ -247,6 +242,17 @@ def main(argv: list[str] | None = None) -> int:
 ROWS = ("faults", "overhead", "many", "grid")
 """The bench's parts: each fault kind and the coordinator's loss (ours and torchft's), ``overhead_x``, the long run
 of many faults, the shape grid."""
+
+
+def print_grid(shapes: list[dict]) -> None:
+    """The shape grid's table, then each failed case's error (its logs' tails)."""
+    if not shapes:
+        return
+    print(f"The shape grid (every group lost in turn; {sum(r['ok'] for r in shapes)}/{len(shapes)} cases exact):\n"
+          f"{format_table(shapes, GRID_COLUMNS)}\n")
+    for r in shapes:
+        if not r["ok"]:
+            print(f"[bench replicas] grid: FAILED {r['error']}", flush=True)
 
 
 def fault_rows(root: Path, a, runs: int) -> list[dict]:
