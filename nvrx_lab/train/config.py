@@ -74,6 +74,9 @@ class TrainConfig(Settings):
     """Seed of the model initialisation and of the token stream."""
     global_batch: int = 8
     """Sequences per step across all ranks; must divide by the world size."""
+    data: str = ""
+    """Token file to train on (nvrx_lab.data: PREFIX of Megatron's .bin/.idx, or FILE.bin:uint16 of nanoGPT's;
+    python -m nvrx_lab.data prepare makes one from text); empty: synthetic tokens."""
     lr: float = 3e-3
     """AdamW learning rate."""
     weight_decay: float = 0.01

@@ -1,4 +1,5 @@
-"""Synthetic, deterministic token data whose position is part of the training state.
+"""The trainer's data: synthetic, deterministic tokens whose position is part of the training state, or a token file
+(``--data``: :class:`nvrx_lab.data.tokens.TokenDataset`, the same interface; :func:`token_source` picks).
 
 Each global batch is a pure function of ``(seed, position)``: a resumed job that restores
 ``position`` continues the same stream, on any world size, because every rank generates the
@@ -8,7 +9,23 @@ model can learn them and the loss curve goes down.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from nvrx_lab.data.tokens import TokenDataset
+    from nvrx_lab.train.config import TrainConfig
+
+
+def token_source(cfg: TrainConfig) -> SyntheticTokens | TokenDataset:
+    """``--data``'s token file, read by global sample index, else synthetic tokens."""
+    if cfg.data:
+        from nvrx_lab.data.tokens import TokenDataset
+
+        return TokenDataset(cfg.data, cfg.model.seq_len, cfg.global_batch, seed=cfg.seed,
+                            vocab_size=cfg.model.vocab_size)
+    return SyntheticTokens(cfg.model.vocab_size, cfg.model.seq_len, cfg.global_batch, seed=cfg.seed)
 
 
 class SyntheticTokens:
@@ -45,4 +62,7 @@ class SyntheticTokens:
     def load_state_dict(self, state: dict) -> None:
         if state["seed"] != self.seed:
             raise ValueError(f"data seed in checkpoint is {state['seed']}, this run uses seed={self.seed}")
+        if "dataset" in state:
+            raise ValueError(f"the checkpoint was trained on --data {state['dataset']['name']}; this run trains on "
+                             "synthetic tokens (pass the same --data)")
         self.position = int(state["position"])

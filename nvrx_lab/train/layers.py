@@ -50,6 +50,10 @@ def check_flags(cfg: TrainConfig, world_size: int = 1) -> None:
         raise ValueError(f"--pg-timeout ({cfg.pg_timeout}) must exceed --hard-timeout ({cfg.restart.hard_timeout}) under "
                          "in-process restart on GPUs: NCCL's watchdog would end a hung collective before the wrapper")
     check_faults(cfg, world_size)
+    if cfg.data:
+        from nvrx_lab.train.data import token_source
+
+        token_source(cfg)  # the file is there, whole, and holds a sample of --seq-len (it is only mapped)
     if cfg.restart.launcher:
         from nvrx_lab.launcher import RankMonitorClient
 

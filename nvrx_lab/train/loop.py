@@ -17,7 +17,7 @@ import torch.distributed as dist
 from nvrx_lab.checkpoint import Checkpointer
 from nvrx_lab.train import runs
 from nvrx_lab.train.config import TrainConfig, check_config
-from nvrx_lab.train.data import SyntheticTokens
+from nvrx_lab.train.data import token_source
 from nvrx_lab.train.hooks import Attempt, ComposeHooks, Hooks
 from nvrx_lab.train.resume import PREFIX, ProgressMarker, resume, start_line, starting
 from nvrx_lab.train.state import TrainState, build_model
@@ -33,7 +33,7 @@ def train(cfg: TrainConfig, attempt: Attempt, checkpointer: Checkpointer | None 
     check_config(cfg, attempt.world_size)
     model = build_model(cfg, attempt.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    data = SyntheticTokens(cfg.model.vocab_size, cfg.model.seq_len, cfg.global_batch, seed=cfg.seed)
+    data = token_source(cfg)
     state = TrainState(model, optimizer, data, hooks)
     hooks.progress()
     restored = resume(state, checkpointer, attempt, hooks) if checkpointer is not None else None

@@ -32,7 +32,7 @@ from nvrx_lab.replicas.client import Refused, StateLost
 from nvrx_lab.replicas.loop import Compute, Group, ReplicaLoop
 from nvrx_lab.train import runs
 from nvrx_lab.train.config import TrainConfig
-from nvrx_lab.train.data import SyntheticTokens
+from nvrx_lab.train.data import token_source
 from nvrx_lab.train.hooks import Attempt
 from nvrx_lab.train.state import TrainState, build_model
 
@@ -111,5 +111,5 @@ def _warm_up(state: TrainState, attempt: Attempt) -> None:
 def _state(cfg: TrainConfig, attempt: Attempt) -> TrainState:
     model = build_model(cfg, attempt.device)  # FSDP averages a group's gradients over its ranks (apply undoes it)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    data = SyntheticTokens(cfg.model.vocab_size, cfg.model.seq_len, cfg.global_batch, seed=cfg.seed)
+    data = token_source(cfg)
     return TrainState(model, optimizer, data)

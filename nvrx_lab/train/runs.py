@@ -51,7 +51,7 @@ def fault_state_file(cfg: TrainConfig) -> Path | None:
     return None
 
 
-IDENTITY = ("seed", "vocab_size", "seq_len", "global_batch", "dim", "n_layers", "n_heads", "n_kv_heads", "hidden_dim",
+IDENTITY = ("seed", "data", "vocab_size", "seq_len", "global_batch", "dim", "n_layers", "n_heads", "n_kv_heads", "hidden_dim",
             "tie_embeddings", "rope_theta", "rope_scaling", "norm_eps")
 """Flags a resumed run must keep: the checkpointed state and the token stream depend on them."""
 
@@ -63,7 +63,7 @@ def _per_group(cfg: TrainConfig) -> bool:
 
 def identity(cfg: TrainConfig) -> dict:
     """The values of :data:`IDENTITY`, by flag name (``run.json``'s keys)."""
-    values = {"seed": cfg.seed, "global_batch": cfg.global_batch, **dataclasses.asdict(cfg.model)}
+    values = {"seed": cfg.seed, "data": cfg.data, "global_batch": cfg.global_batch, **dataclasses.asdict(cfg.model)}
     return {name: values[name] for name in IDENTITY}
 
 
@@ -98,7 +98,8 @@ def check_resume(cfg: TrainConfig) -> None:
     """Raise ``ValueError`` naming each flag that differs from the run the checkpoints belong to."""
     saved = recorded(cfg)
     mine = identity(cfg)
-    differ = [f"--{k.replace('_', '-')} {mine[k]} (the run has {saved[k]})"
+    shown = lambda v: v if v != "" else "'' (synthetic tokens)"  # noqa: E731 - --data's empty value
+    differ = [f"--{k.replace('_', '-')} {shown(mine[k])} (the run has {shown(saved[k])})"
               for k in IDENTITY if k in saved and saved[k] != mine[k]]
     if differ:
         raise ValueError(f"{run_file(cfg).parent} holds the record of another run: {', '.join(differ)}; "
