@@ -18,7 +18,21 @@ import torch
 from .indexed import TokenFile, open_tokens
 
 
-class TokenDataset:
+class BatchStream:
+    """A stream of global batches (``global_batch_at(position)``, ``position``, ``global_batch``): the rows of each rank,
+    shared by :class:`TokenDataset` and the synthetic tokens (:class:`nvrx_lab.train.data.SyntheticTokens`)."""
+
+    def next_batch(self, rank: int = 0, world_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's (inputs, targets) of the current position; advances the position."""
+        if self.global_batch % world_size:
+            raise ValueError(f"global_batch={self.global_batch} is not divisible by world_size={world_size}")
+        rows = self.global_batch // world_size
+        toks = self.global_batch_at(self.position)[rank * rows:(rank + 1) * rows]
+        self.position += 1
+        return toks[:, :-1], toks[:, 1:]
+
+
+class TokenDataset(BatchStream):
     """Batches of real tokens from a :class:`~.indexed.TokenFile` (the interface of ``SyntheticTokens``)."""
 
     def __init__(self, source: TokenFile | str | os.PathLike, seq_len: int, global_batch: int, seed: int = 0,
@@ -56,15 +70,6 @@ class TokenDataset:
             raise ValueError(f"--data {self.file.path}: token id {int(batch.max())} at position {position} is outside "
                              f"the model's vocabulary of {self.vocab_size} (--vocab-size, or --model)")
         return batch
-
-    def next_batch(self, rank: int = 0, world_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-        """This rank's (inputs, targets) of the current position; advances the position."""
-        if self.global_batch % world_size:
-            raise ValueError(f"global_batch={self.global_batch} is not divisible by world_size={world_size}")
-        rows = self.global_batch // world_size
-        toks = self.global_batch_at(self.position)[rank * rows:(rank + 1) * rows]
-        self.position += 1
-        return toks[:, :-1], toks[:, 1:]
 
     def state_dict(self) -> dict:
         return {"seed": self.seed, "position": self.position,

@@ -160,7 +160,12 @@ class ReplicaGroup:
         """Whether :meth:`shrink` makes ``quorum``'s group: the survivors of this one, nobody new, a backend that
         shrinks (NCCL's; never gloo's)."""
         return (self.pg is not None and not quorum.joiners and set(quorum.members) < set(self.members)
-                and len(quorum.members) > 1 and bool(getattr(self.pg, "supports_shrinking", False)))
+                and len(quorum.members) > 1 and self._shrinks)
+
+    @property
+    def _shrinks(self) -> bool:
+        """The backend shrinks a group (NCCL's; never gloo's)."""
+        return bool(getattr(self.pg, "supports_shrinking", False))
 
     def shrink(self, quorum, replica: int) -> ReplicaGroup:
         """``quorum``'s group, begun (:meth:`begin`): this one without the members it lost (:meth:`can_shrink`), which
@@ -270,5 +275,5 @@ class ReplicaGroup:
         """End the wait now; the group itself is aborted now, or by the survivors' :meth:`shrink` (which aborts its
         pending operations first) or their next :meth:`close` on a backend that shrinks."""
         self._cut.set()
-        if not getattr(self.pg, "supports_shrinking", False):
+        if not self._shrinks:
             self.close()

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from nvrx_lab.data.tokens import BatchStream
+
 if TYPE_CHECKING:
     from nvrx_lab.data.tokens import TokenDataset
     from nvrx_lab.train.config import TrainConfig
@@ -28,7 +30,7 @@ def token_source(cfg: TrainConfig) -> SyntheticTokens | TokenDataset:
     return SyntheticTokens(cfg.model.vocab_size, cfg.model.seq_len, cfg.global_batch, seed=cfg.seed)
 
 
-class SyntheticTokens:
+class SyntheticTokens(BatchStream):
     def __init__(self, vocab_size: int, seq_len: int, global_batch: int, seed: int = 0, noise: float = 0.1):
         self.vocab_size, self.seq_len, self.global_batch = vocab_size, seq_len, global_batch
         self.seed, self.noise = seed, noise
@@ -46,15 +48,6 @@ class SyntheticTokens:
             toks[:, i] = (toks[:, i - 1] * mult + 1) % v
         flip = torch.rand(self.global_batch, n, generator=g) < self.noise
         return torch.where(flip, torch.randint(0, v, (self.global_batch, n), generator=g), toks)
-
-    def next_batch(self, rank: int = 0, world_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-        """This rank's (inputs, targets) of the current position; advances the position."""
-        if self.global_batch % world_size:
-            raise ValueError(f"global_batch={self.global_batch} is not divisible by world_size={world_size}")
-        rows = self.global_batch // world_size
-        toks = self.global_batch_at(self.position)[rank * rows : (rank + 1) * rows]
-        self.position += 1
-        return toks[:, :-1], toks[:, 1:]
 
     def state_dict(self) -> dict:
         return {"seed": self.seed, "position": self.position}
