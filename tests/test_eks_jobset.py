@@ -26,7 +26,7 @@ def _spec(**kw) -> JobSpec:
 
 @pytest.mark.parametrize("mode", [m for m in MODES if not MODES[m].replicated])  # replicas refuses a JobSet
 def test_every_mode_renders_a_jobset_that_validates_against_the_crd(mode):
-    ms = render(_spec(mode=mode, nodes=16, queue_name="p5", local_ckpt_interval=5, state_gib_per_gpu=2,
+    ms = render(_spec(mode=mode, nodes=16, queue_name="p5", local_ckpt_interval=5, model="llama3.1-8b",
                       local_ckpt_on_nvme=True, hugepages_2mi=1024))
     validate(ms)
     assert [m["kind"] for m in ms] == ["Namespace"] + (["ConfigMap"] if MODES[mode].uses_launcher else []) + ["JobSet"]

@@ -4,6 +4,7 @@ Security, Kueue): read from the committed-style YAML, as a reviewer would."""
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -12,6 +13,7 @@ import yaml
 from nvrx_lab.eks import MODES, JobSpec, render
 from nvrx_lab.eks.render import find
 from nvrx_lab.eks.yamlio import manifest_files
+from nvrx_lab.train.model import ModelConfig, parameter_count
 
 FILES16 = manifest_files(nodes=16)
 
@@ -92,27 +94,34 @@ def _volumes(s: JobSpec) -> dict:
     return {v["name"]: v for v in find(render(s), "Job")[0]["spec"]["template"]["spec"]["volumes"]}
 
 
-def test_dev_shm_is_staging_plus_local_copies_from_the_state_per_gpu():
-    base = dict(name="a", image="i")  # p5: 8 GPUs, /dev/shm base 64 GiB (NCCL, dataloaders)
+def test_dev_shm_is_staging_plus_local_copies_from_the_model():
+    """Llama 3.1 8B on 2 p5 nodes (16 GPUs): 12 bytes a parameter checkpointed, 5.6 GiB a GPU."""
+    base = dict(name="a", image="i", model="llama3.1-8b")  # p5: 8 GPUs, /dev/shm base 64 GiB (NCCL, dataloaders)
+    per_gpu = 12 * parameter_count(ModelConfig(preset="llama3.1-8b")) / 16 / 2**30
     assert _volumes(JobSpec(**base))["shm"]["emptyDir"]["sizeLimit"] == "64Gi"
-    sync = JobSpec(**base, state_gib_per_gpu=10)  # a sync save writes the live tensors: no staging
-    assert sync.shm == 64 and _volumes(sync)["shm"]["emptyDir"]["sizeLimit"] == "64Gi"
-    staged = JobSpec(**base, state_gib_per_gpu=10, ckpt="async")  # one staging copy a GPU
-    assert staged.shm == 64 + 80
-    local = JobSpec(**base, state_gib_per_gpu=10, ckpt="async", local_ckpt_interval=5)  # + 2 own + 2 replicas a GPU
-    assert local.shm == 64 + 80 + 320 and _volumes(local)["shm"]["emptyDir"]["sizeLimit"] == "464Gi"
+    sync = JobSpec(**base, ckpt="sync")  # a sync save writes the live tensors: no staging
+    assert sync.state_gib_per_gpu == pytest.approx(per_gpu) and sync.shm == 64
+    staged = JobSpec(**base, ckpt="async")  # one staging copy a GPU
+    assert staged.shm == 64 + math.ceil(8 * per_gpu) == 64 + 45
+    local = JobSpec(**base, ckpt="async", local_ckpt_interval=5)  # + 2 own + 2 replicas a GPU
+    assert local.shm == 64 + 45 + math.ceil(32 * per_gpu) and _volumes(local)["shm"]["emptyDir"]["sizeLimit"] == "289Gi"
     assert JobSpec(**base, local_ckpt_interval=5, local_ckpt_gib=48).shm == 64 + 48  # explicit, as before
+    assert JobSpec(**base, nodes=4).state_gib_per_gpu == pytest.approx(per_gpu / 2)  # twice the shards, half each
+    assert JobSpec(**base, train_extra=("--replicate", "2")).state_gib_per_gpu == pytest.approx(per_gpu * 2)  # HSDP
 
 
 def test_local_checkpoints_on_the_nodes_nvme():
-    s = JobSpec(name="a", image="i", state_gib_per_gpu=40, ckpt="async", local_ckpt_interval=5, local_ckpt_on_nvme=True)
-    assert s.shm == 64 + 320  # staging stays in memory; the local copies (1280 GiB) go to disk
+    """Llama 3.1 70B on 4 p5 nodes: 24.6 GiB a GPU checkpointed; the local copies (4 a GPU) go to disk."""
+    s = JobSpec(name="a", image="i", model="llama3.1-70b", nodes=4, ckpt="async", local_ckpt_interval=5,
+                local_ckpt_on_nvme=True)
+    local = math.ceil(32 * s.state_gib_per_gpu)
+    assert s.shm == 64 + math.ceil(8 * s.state_gib_per_gpu) == 64 + 198  # staging stays in memory
     ms = render(s)
     pod = find(ms, "Job")[0]["spec"]["template"]["spec"]
     c = pod["containers"][0]
-    assert _volumes(s)["local-ckpt"]["emptyDir"] == {"sizeLimit": "1280Gi"}  # disk-backed: no medium
+    assert _volumes(s)["local-ckpt"]["emptyDir"] == {"sizeLimit": f"{local}Gi"} == {"sizeLimit": "789Gi"}  # no medium
     assert {"name": "local-ckpt", "mountPath": "/local-ckpt"} in c["volumeMounts"]
-    assert c["resources"]["requests"]["ephemeral-storage"] == c["resources"]["limits"]["ephemeral-storage"] == "1300Gi"
+    assert c["resources"]["requests"]["ephemeral-storage"] == c["resources"]["limits"]["ephemeral-storage"] == f"{local + 20}Gi"
     assert '--local-ckpt-dir="${LOCAL_CKPT_DIR}"' in c["args"][2]
     assert {e["name"]: e.get("value") for e in c["env"]}["LOCAL_CKPT_DIR"] == "/local-ckpt"
     with pytest.raises(ValueError, match="JobSpec.train_extra: '--local-ckpt-dir'"):

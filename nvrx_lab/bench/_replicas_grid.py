@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from nvrx_lab.observe.events import read_events
+from nvrx_lab.observe.table import format_table
 from nvrx_lab.replicas import ledger
 from nvrx_lab.replicas.local import Groups, run_local
 
@@ -69,3 +70,18 @@ def run_case(root: Path, groups: int, ranks: int, batch: int, timeout: float = 6
 def grid(root: Path, quick: bool = False) -> list[dict]:
     """Every case of the grid (``quick``: :data:`CORNERS`), both batches each."""
     return [run_case(root, g, r, b) for g, r in (CORNERS if quick else FULL) for b in batches(g, r)]
+
+
+GRID_COLUMNS = ["groups", "ranks", "global_batch", "ok", "steps", "faults_fired", "samples_lost", "samples_duplicated",
+                "fingerprinted", "wall_s"]
+
+
+def print_grid(shapes: list[dict]) -> None:
+    """The shape grid's table, then each failed case's error (its logs' tails)."""
+    if not shapes:
+        return
+    print(f"The shape grid (every group lost in turn; {sum(r['ok'] for r in shapes)}/{len(shapes)} cases exact):\n"
+          f"{format_table(shapes, GRID_COLUMNS)}\n")
+    for r in shapes:
+        if not r["ok"]:
+            print(f"[bench replicas] grid: FAILED {r['error']}", flush=True)

@@ -39,7 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from nvrx_lab.bench._replicas_grid import grid
+from nvrx_lab.bench._replicas_grid import grid, print_grid
 from nvrx_lab.bench._replicas_shape import EFA_GBPS_PER_GPU, TCP_FLOW_GBPS, WARM, overhead, p5_rows
 from nvrx_lab.cli import Parser
 from nvrx_lab.observe.events import read_events
@@ -168,14 +168,19 @@ def _median_row(system: str, fault: str, runs: list[dict], clean: dict | None, f
 
 
 def _repeat(fn, runs: int, label: str) -> tuple[list[dict], list[str]]:
-    done, failed = [], []
+    done: tuple[list[dict], list[str]] = ([], [])
     for i in range(runs):
-        try:
-            done.append(fn())
-        except RuntimeError as e:
-            print(f"[bench replicas] {label} run {i + 1}: FAILED\n{e}", flush=True)
-            failed.append(str(e))
-    return done, failed
+        _once(done, fn, i, label)
+    return done
+
+
+def _once(done: tuple[list[dict], list[str]], fn, i: int, label: str) -> None:
+    """Run ``fn`` once into ``done`` (its rows, its failures: a failed run is an error with its output, never a gap)."""
+    try:
+        done[0].append(fn())
+    except RuntimeError as e:
+        print(f"[bench replicas] {label} run {i + 1}: FAILED\n{e}", flush=True)
+        done[1].append(str(e))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -244,50 +249,42 @@ ROWS = ("faults", "overhead", "many", "grid")
 of many faults, the shape grid."""
 
 
-def print_grid(shapes: list[dict]) -> None:
-    """The shape grid's table, then each failed case's error (its logs' tails)."""
-    if not shapes:
-        return
-    print(f"The shape grid (every group lost in turn; {sum(r['ok'] for r in shapes)}/{len(shapes)} cases exact):\n"
-          f"{format_table(shapes, GRID_COLUMNS)}\n")
-    for r in shapes:
-        if not r["ok"]:
-            print(f"[bench replicas] grid: FAILED {r['error']}", flush=True)
-
-
 def fault_rows(root: Path, a, runs: int) -> list[dict]:
-    """A fault-free run, then ``runs`` of each fault kind and of the coordinator's loss; torchft's beside them."""
-    clean_runs, errors = _repeat(lambda: ours(root, None, a.steps, a.fault_step, dim=a.dim), 1, "ours fault-free")
-    clean = clean_runs[0] if clean_runs else None
-    rows = [_median_row("nvrx_lab", "none", clean_runs, clean, errors)]
-    for kind in (*KINDS, "coordinator"):
-        done, errors = _repeat(lambda k=kind: ours(root, k, a.steps, a.fault_step, dim=a.dim), runs, f"ours {kind}")
-        rows.append(_median_row("nvrx_lab", kind, done, clean, errors))
-    return rows + torchft_rows(root, a, runs)
+    """A fault-free run, then ``runs`` of each fault kind and of the coordinator's loss; torchft's beside them, run for
+    run in turn (each pair sees the same box)."""
+    peer = _torchft(a)
+    clean = {"ours": _repeat(lambda: ours(root, None, a.steps, a.fault_step, dim=a.dim), 1, "ours fault-free")}
+    if peer:
+        clean["torchft"] = _repeat(lambda: peer("none", root / "tf-none"), 1, "torchft fault-free")
+    done = {(s, k): ([], []) for s in clean for k in (*KINDS, "coordinator")}
+    for i in range(runs):
+        for kind in (*KINDS, "coordinator"):
+            _once(done["ours", kind], lambda k=kind: ours(root, k, a.steps, a.fault_step, dim=a.dim), i, f"ours {kind}")
+            if peer and kind != "coordinator":  # torchft's Lighthouse has no restart to compare
+                _once(done["torchft", kind], lambda k=kind: peer(k, root / f"tf-{k}-{time.monotonic_ns()}"), i,
+                      f"torchft {kind}")
+    rows = []
+    for system, (clean_runs, errors) in clean.items():
+        base = clean_runs[0] if clean_runs else None
+        name = "nvrx_lab" if system == "ours" else "torchft 0.2.0"
+        rows.append(_median_row(name, "none", clean_runs, base, errors))
+        for (s, kind), (ok, failed) in done.items():
+            if s == system and ok + failed:
+                rows.append(_median_row(ok[0]["system"] if ok and s != "ours" else name, kind, ok, base, failed))
+    return rows
 
 
-GRID_COLUMNS = ["groups", "ranks", "global_batch", "ok", "steps", "faults_fired", "samples_lost", "samples_duplicated",
-                "fingerprinted", "wall_s"]
 
-
-def torchft_rows(root: Path, a, runs: int) -> list[dict]:
-    """torchft 0.2.0's rows, the same faults (skipped, and said so, without the peers extra)."""
+def _torchft(a):
+    """torchft 0.2.0's run at this bench's shape (``fault, out -> row``), or None (said so without the peers extra)."""
     if a.peers == "no":
-        return []
+        return None
     if importlib.util.find_spec("torchft") is None:
         print("[bench replicas] torchft: skipped (torchft not installed; pip install -e '.[peers]')", flush=True)
-        return []
+        return None
     from nvrx_lab.bench._replicas_torchft import run_torchft
 
-    system, rows, model = "torchft 0.2.0", [], model_args(a.dim)
-    clean_runs, errors = _repeat(lambda: run_torchft("none", root / "tf-none", model=model), 1, "torchft fault-free")
-    clean = clean_runs[0] if clean_runs else None
-    rows.append(_median_row(system, "none", clean_runs, clean, errors))
-    for kind in KINDS:
-        done, errors = _repeat(lambda k=kind: run_torchft(k, root / f"tf-{k}-{time.monotonic_ns()}", model=model), runs,
-                               f"torchft {kind}")
-        rows.append(_median_row(done[0]["system"] if done else system, kind, done, clean, errors))
-    return rows
+    return lambda fault, out: run_torchft(fault, out, steps=a.steps, fault_step=a.fault_step, model=model_args(a.dim))
 
 
 if __name__ == "__main__":

@@ -52,6 +52,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--nodes", type=int, default=2, help="nodes per job (default: 2)")
     r.add_argument("--image", default=EXAMPLE["image"], help="training image")
     r.add_argument("--instance-type", default="p5.48xlarge", help="EC2 instance type of the nodes")
+    r.add_argument("--model", default="tiny", help="model preset of the modes' jobs (default: tiny; the Llama 3.1 8B "
+                                                   "16-node job is rendered beside them)")
+    r.add_argument("--data", default="", help="token file on FSx the modes' jobs train on (default: synthetic tokens)")
     r.add_argument("--namespace", default="nvrx-lab", help="namespace of the jobs")
     fsx = "; all three FSx flags together, or none for the example values"
     r.add_argument("--fsx-id", dest="fsx_volume_handle", help="FSx for Lustre file system id (fs-…)" + fsx)
@@ -71,6 +74,9 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--mode", choices=list(MODES), default="ft_launcher")
             s.add_argument("--nodes", type=int, default=2)
             s.add_argument("--instance-type", default="p5.48xlarge")
+            s.add_argument("--model", default="tiny", help="model preset: tiny, llama3.2-1b, llama3.1-8b, llama3.1-70b")
+            s.add_argument("--data", default="", help="token file on FSx (python -m nvrx_lab.data prepare); "
+                                                      "default: synthetic tokens")
             s.add_argument("--steps", type=int, default=1000)
             s.add_argument("--ckpt-interval", type=int, default=100)
             s.add_argument("--faults", default="")
@@ -139,7 +145,7 @@ def _run(args: argparse.Namespace) -> int:
     """The command ``args.cmd``; exceptions go to :func:`main`, which prints them as one line."""
     if args.cmd == "render":
         files = manifest_files(nodes=args.nodes, image=args.image, instance_type=args.instance_type,
-                               namespace=args.namespace, **_fsx(args))
+                               namespace=args.namespace, model=args.model, data=args.data, **_fsx(args))
         counts = {}
         for name, text in files.items():  # validate everything before writing anything
             docs = [d for d in yaml.safe_load_all(text) if d]
@@ -156,7 +162,8 @@ def _run(args: argparse.Namespace) -> int:
             print(f"{f}: valid")
     elif args.cmd == "submit":
         spec = JobSpec(name=args.name, image=args.image, nodes=args.nodes, mode=args.mode, namespace=args.namespace,
-                       instance_type=args.instance_type, steps=args.steps, ckpt_interval=args.ckpt_interval,
+                       instance_type=args.instance_type, model=args.model, data=args.data, steps=args.steps,
+                       ckpt_interval=args.ckpt_interval,
                        faults=args.faults, fsx_claim=args.fsx_claim, queue_name=args.queue_name)
         res = submit(spec, args.cluster, args.region, dry_run=not args.no_dry_run, replace=args.replace,
                      access=Access(api_server=args.api_server))

@@ -8,12 +8,14 @@ so a spec accepts exactly what the trainer accepts.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import TYPE_CHECKING
 
 from nvrx_lab.eks.instances import instance_type, pod_resources
 from nvrx_lab.eks.modes import mode
 from nvrx_lab.faults import parse_schedule
+from nvrx_lab.train.model import ModelConfig
 
 if TYPE_CHECKING:
     from nvrx_lab.eks.spec import JobSpec
@@ -26,11 +28,14 @@ ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 SECRETISH = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_KEY|ACCESS_KEY|PRIVATE_KEY", re.I)
 SECTION = re.compile(r"^[a-z][a-z0-9_]*$")
 FSX_ID = re.compile(r"^fs-[0-9a-f]{8,17}$")
-MANAGED_TRAIN_FLAGS = ("--steps", "--seed", "--global-batch", "--metrics", "--ckpt", "--ckpt-interval", "--ckpt-dir",
-                       "--local-ckpt-interval", "--pg-timeout", "--restart", "--faults", "--coordinator", "--replica-id",
-                       "--replicas")
+MANAGED_TRAIN_FLAGS = ("--model", "--data", "--steps", "--seed", "--global-batch", "--metrics", "--ckpt",
+                       "--ckpt-interval", "--ckpt-dir", "--local-ckpt-interval", "--pg-timeout", "--restart", "--faults",
+                       "--coordinator", "--replica-id", "--replicas")
 LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 WORKLOADS = ("job", "jobset")
+GPU_SHARE = 0.8
+"""Share of a GPU's memory the training state and what the model holds whole may take (the rest: activations at
+activation checkpointing, NCCL's buffers, the allocator's slack)."""
 RESERVED_ENV = ("JOB_COMPLETION_INDEX", "NNODES", "NPROC_PER_NODE", "RANK0_HOST", "MASTER_PORT", "RDZV_PORT", "RUN_DIR",
                 "LAUNCHER_CONFIG", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "COORDINATOR_HOST", "COORDINATOR_PORT",
                 "STORE_PORT", "REPLICA_ID", "LISTEN_HOST")
@@ -46,6 +51,7 @@ def check(s: JobSpec) -> None:
     _check_replicas(s)
     _check_node(s)
     _check_storage(s)
+    _check_model(s)
     _check_training(s)
     _check_launcher(s)
     _check_environment(s)
@@ -144,24 +150,44 @@ def _check_storage(s: JobSpec) -> None:
 
 
 def _check_local(s: JobSpec) -> None:
-    """State size, local checkpoints and the ``/dev/shm`` they add up to."""
-    if isinstance(s.state_gib_per_gpu, bool) or not isinstance(s.state_gib_per_gpu, (int, float)) \
-            or not 0 <= s.state_gib_per_gpu < 1e6:
-        _fail("state_gib_per_gpu", f"{s.state_gib_per_gpu!r}; allowed: GiB >= 0 (0: not sized from the state)")
+    """Local checkpoints and the ``/dev/shm`` they and the async staging add up to."""
     if s.local_ckpt_interval < 0:
         _fail("local_ckpt_interval", f"{s.local_ckpt_interval}; allowed: 0 (off) or >= 1 steps")
     if s.local_ckpt_interval and s.ckpt_mode == "none":
         _fail("local_ckpt_interval", "needs ckpt sync or async: checkpoints on FSx stay the durable fallback")
-    if s.local_ckpt_interval and s.local_ckpt_gib < 1 and not s.state_gib_per_gpu > 0:
-        _fail("local_ckpt_gib", f"{s.local_ckpt_gib}; allowed: >= 1 with local_ckpt_interval (4 x each GPU's shard of "
-                                "the training state x GPUs per pod), or 0 with state_gib_per_gpu > 0")
+    if s.local_ckpt_gib < 0:
+        _fail("local_ckpt_gib", f"{s.local_ckpt_gib}; allowed: 0 (from the model) or GiB >= 1")
     if s.local_ckpt_on_nvme and not s.local_ckpt_interval:
         _fail("local_ckpt_on_nvme", "needs local_ckpt_interval >= 1: no local checkpoints to put on NVMe")
     mem = pod_resources(instance_type(s.instance_type))[1]
     if s.shm > mem // 2:
-        _fail("state_gib_per_gpu" if s.state_gib_per_gpu else "local_ckpt_gib",
-              f"/dev/shm would take {s.shm} GiB of the pod's {mem} GiB; allowed: up to half of it "
-              "(local_ckpt_on_nvme=True moves the local checkpoints to disk)")
+        _fail("local_ckpt_gib" if s.local_ckpt_gib else "model",
+              f"{s.model} over {s.shards} GPUs: /dev/shm would take {s.shm} GiB of the pod's {mem} GiB ({s.staging_gib} "
+              f"staging, {s.local_copies_gib} local checkpoints: {s.state_gib_per_gpu:.3g} GiB a GPU); allowed: up to "
+              "half of it: more nodes, or local_ckpt_on_nvme=True to move the local checkpoints to disk")
+
+
+def _check_model(s: JobSpec) -> None:
+    """The preset exists, the data path is one every pod can read, and the state fits the GPUs."""
+    try:
+        ModelConfig(preset=s.model)
+    except ValueError as e:
+        _fail("model", str(e).removeprefix("--model "))
+    if s.data and not s.data.startswith("/"):
+        _fail("data", f"{s.data!r}; allowed: an absolute path every pod reads (under mount_path {s.mount_path!r}), or "
+                      "empty for synthetic tokens")
+    gpu_gb = instance_type(s.instance_type).gpu_gb
+    size = s.sizing
+    held = size.weights + size.grads + size.optimizer + size.transient
+    room = GPU_SHARE * gpu_gb * 1e9
+    if held > room:
+        per_node = s.shards / s.nodes  # ranks a parameter is sharded over, per node
+        least = math.ceil(size.parameters * 16 / per_node / (room - size.transient)) if room > size.transient else 0
+        _fail("model", f"{s.model} over {s.shards} GPUs needs {held / 1e9:.3g} GB a GPU "
+                       f"({(held - size.transient) / 1e9:.3g} GB of weights, gradients and AdamW, "
+                       f"{size.transient / 1e9:.3g} GB while it computes): over {GPU_SHARE:.0%} of a {s.instance_type}'s "
+                       f"{gpu_gb} GB GPU (the rest: activations, NCCL); allowed: "
+                       + (f"nodes >= {least}" if least else "a type whose GPUs have more memory"))
 
 
 def _check_training(s: JobSpec) -> None:

@@ -90,14 +90,16 @@ def train_worker(s: JobSpec) -> Worker:
     """What every worker of the pod runs: ``-m <train_module>`` with the JobSpec's flags, then ``train_extra``."""
     if s.mode_info.replicated:  # the state lives in the live groups (storage checkpoints, if any, for losing all)
         stored = s.ckpt_mode != "none"
-        return Worker.of(s.train_module, *s.train_extra, steps=s.steps, seed=s.seed, global_batch=s.batch,
-                         metrics="${RUN_DIR}/replica${REPLICA_ID}.jsonl", run_id=f"{s.name}-g${{REPLICA_ID}}",
+        return Worker.of(s.train_module, *s.train_extra, model=s.model, data=s.data or None, steps=s.steps,
+                         seed=s.seed, global_batch=s.batch, metrics="${RUN_DIR}/replica${REPLICA_ID}.jsonl",
+                         run_id=f"{s.name}-g${{REPLICA_ID}}",
                          ckpt=s.ckpt_mode, ckpt_interval=s.ckpt_interval if stored else None,
                          ckpt_dir="${RUN_DIR}/ckpt" if stored else None, pg_timeout=f"{s.pg_timeout:g}", restart="replicas",
                          coordinator="${COORDINATOR_HOST}:${COORDINATOR_PORT}", replica_id="${REPLICA_ID}",
                          replicas=s.replica_groups, faults=s.faults or None)
-    return Worker.of(s.train_module, *s.train_extra, steps=s.steps, seed=s.seed, global_batch=s.batch,
-                     metrics="${RUN_DIR}/metrics.jsonl", run_id=s.name, ckpt=s.ckpt_mode, ckpt_interval=s.ckpt_interval,
+    return Worker.of(s.train_module, *s.train_extra, model=s.model, data=s.data or None, steps=s.steps, seed=s.seed,
+                     global_batch=s.batch, metrics="${RUN_DIR}/metrics.jsonl", run_id=s.name, ckpt=s.ckpt_mode,
+                     ckpt_interval=s.ckpt_interval,
                      ckpt_dir="${RUN_DIR}/ckpt", local_ckpt_interval=s.local_ckpt_interval or None,
                      local_ckpt_dir="${LOCAL_CKPT_DIR}" if s.local_ckpt_on_nvme else None,
                      pg_timeout=f"{s.pg_timeout:g}", restart=s.mode_info.restart, faults=s.faults or None)
@@ -156,6 +158,8 @@ def launcher_flags(s: JobSpec, head: Torchrun | Launcher | None = None) -> list[
 def trainer_flags(s: JobSpec) -> list[Flag]:
     m = s.mode_info
     why = {
+        "--model": f"the model's shape ({s.sizing.parameters / 1e9:.3g} B parameters; sized /dev/shm and the GPU check)",
+        "--data": "the token file every pod reads (its position is in the checkpoint)",
         "--steps": "total optimizer steps; a resumed run stops at the same step",
         "--seed": "model init and token stream",
         "--global-batch": f"sequences per step across all {s.nodes * s.gpus} GPUs",

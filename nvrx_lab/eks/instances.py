@@ -29,6 +29,11 @@ class InstanceType:
     memory_gib: int
     """Memory per node in GiB."""
 
+    @property
+    def gpu_gb(self) -> int:
+        """Memory of one GPU in GB (``H100 80GB`` -> 80)."""
+        return int(self.gpu.split()[-1].removesuffix("GB"))
+
 
 def _t(name: str, gpus: int, gpu: str, efa: int, rdma: bool, vcpus: int, mem: int) -> InstanceType:
     return InstanceType(name, gpus, gpu, efa, rdma, vcpus, mem)

@@ -16,10 +16,12 @@ import dataclasses
 import math
 from dataclasses import InitVar, dataclass, field
 
+from nvrx_lab.eks import sizing
 from nvrx_lab.eks.checks import check
 from nvrx_lab.eks.instances import InstanceType, instance_type, pod_resources
 from nvrx_lab.eks.modes import MODES, Mode, mode
 from nvrx_lab.runner import LauncherConfig
+from nvrx_lab.train.sizing import StateSize
 
 POD_LAUNCHER = dict(max_restarts=10, monitor_interval=1.0, heartbeat_timeout=300.0, initial_heartbeat_timeout=900.0,
                     section_timeouts={"checkpoint": 600.0})
@@ -88,9 +90,6 @@ class JobSpec:
     shm_gib: int = 0
     """Room in the memory-backed ``/dev/shm`` for NCCL and dataloader workers, counted against pod memory;
     0: a quarter of the pod's memory, at most 64 GiB. The checkpoint staging and local copies come on top."""
-    state_gib_per_gpu: float = 0.0
-    """GiB of training state one GPU checkpoints (its shard of parameters and optimizer state). Sizes ``/dev/shm``:
-    one staging copy a GPU under ``ckpt=async``, and the local checkpoints (:attr:`local_ckpt_gib`) unless on NVMe."""
     hugepages_2mi: int = 0
     """MiB of 2 MiB hugepages for libfabric (a multiple of 2; 0 = none, the node must pre-allocate them)."""
     fsx_claim: str = "fsx-claim"
@@ -105,6 +104,12 @@ class JobSpec:
     """Capacity written on the PersistentVolume and claim (FSx for Lustre: 1200 GiB or more)."""
     mount_path: str = "/fsx"
     """Where the FSx volume is mounted; the run writes under ``<mount_path>/<name>/``."""
+    model: str = "tiny"
+    """Trainer ``--model`` (tiny, llama3.2-1b, llama3.1-8b, llama3.1-70b): sizes ``/dev/shm`` and is checked against
+    the GPUs' memory (:mod:`nvrx_lab.eks.sizing`)."""
+    data: str = ""
+    """Trainer ``--data``: a token file every pod reads, on FSx (``/fsx/data/PREFIX`` of Megatron's ``.bin``/``.idx``,
+    or ``FILE.bin:uint16``); empty: synthetic tokens."""
     steps: int = 1000
     """Trainer ``--steps``."""
     seed: int = 0
@@ -120,8 +125,7 @@ class JobSpec:
     the next node, so a fault rolls back at most N steps (0 = off; needs checkpoints on FSx as the fallback)."""
     local_ckpt_gib: int = 0
     """GiB of the local checkpoints of one pod: 4 x each GPU's shard of the training state (two own copies and two
-    replica slots) x GPUs per pod; 0: computed from ``state_gib_per_gpu``. One of the two is required with
-    ``local_ckpt_interval``."""
+    replica slots) x GPUs per pod; 0: computed from the model (:attr:`state_gib_per_gpu`)."""
     local_ckpt_on_nvme: bool = False
     """Local checkpoints in a disk-backed emptyDir instead of ``/dev/shm``: for node groups whose instance-store NVMe
     drives back the kubelet's ephemeral storage (EKS AL2023 ``nodeadm`` ``localStorage: RAID0``, Bottlerocket's
@@ -244,13 +248,26 @@ class JobSpec:
         return (10 if self.mode_info.kubernetes_restarts else 3) * self.nodes
 
     @property
+    def shards(self) -> int:
+        return sizing.shards(self)
+
+    @property
+    def sizing(self) -> StateSize:
+        return sizing.sizing(self)
+
+    @property
+    def state_gib_per_gpu(self) -> float:
+        return sizing.checkpointed_gib(self)
+
+    @property
     def staging_gib(self) -> int:
         """``/dev/shm`` for the async checkpoint's staging copy: one per GPU (a sync save writes the live tensors)."""
         return math.ceil(self.state_gib_per_gpu * self.gpus) if self.ckpt_mode == "async" else 0
 
     @property
     def local_copies_gib(self) -> int:
-        """Room for the local checkpoints: ``local_ckpt_gib``, else 4 x the state of a GPU x GPUs (0 when off)."""
+        """Room for the local checkpoints: ``local_ckpt_gib``, else 4 x the checkpointed state of a GPU x GPUs (0 when
+    off)."""
         if not self.local_ckpt_interval:
             return 0
         return self.local_ckpt_gib or math.ceil(4 * self.state_gib_per_gpu * self.gpus)
@@ -280,3 +297,4 @@ class JobSpec:
     @property
     def cpu_memory(self) -> tuple[int, int]:
         return pod_resources(self.instance)
+

@@ -85,6 +85,13 @@ class TrainConfig(Settings):
     """Extra seconds per step that stand in for a bigger model's compute (benchmarks)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """auto: this rank's GPU when CUDA is available (NCCL), else the CPU (gloo)."""
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    """Compute precision: bf16 computes in bf16 and reduces gradients in fp32 (FSDP2's MixedPrecisionPolicy; the
+    parameters, the optimizer and the checkpoints stay fp32); auto: bf16 on a GPU, fp32 on the CPU."""
+    activation_checkpointing: bool = False
+    """Recompute each block's activations in the backward (less memory, about a third more compute)."""
+    compile: bool = False
+    """torch.compile each block (the first steps pay the compilation)."""
     threads: int = 0
     """Intra-op CPU threads per rank; 0 = cores / local ranks."""
     replicate: int = 1

@@ -20,6 +20,7 @@ from nvrx_lab.train.config import TrainConfig, check_config
 from nvrx_lab.train.data import token_source
 from nvrx_lab.train.hooks import Attempt, ComposeHooks, Hooks
 from nvrx_lab.train.resume import PREFIX, ProgressMarker, resume, start_line, starting
+from nvrx_lab.train.sizing import Sizer
 from nvrx_lab.train.state import TrainState, build_model
 
 
@@ -31,6 +32,7 @@ def train(cfg: TrainConfig, attempt: Attempt, checkpointer: Checkpointer | None 
     line (:mod:`nvrx_lab.train.resume`)."""
     hooks = ComposeHooks(hooks)
     check_config(cfg, attempt.world_size)
+    size = Sizer(cfg, attempt)
     model = build_model(cfg, attempt.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     data = token_source(cfg)
@@ -63,6 +65,7 @@ def train(cfg: TrainConfig, attempt: Attempt, checkpointer: Checkpointer | None 
             marker.close()
     if checkpointer is not None:
         checkpointer.finish(hooks)
+    size.measured()
     return {"steps": state.step, "losses": losses, "world_size": attempt.world_size}
 
 

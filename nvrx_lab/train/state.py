@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from nvrx_lab.dist import device_mesh
 from nvrx_lab.train.config import TrainConfig
@@ -16,16 +16,34 @@ from nvrx_lab.train.model import Transformer
 
 
 def build_model(cfg: TrainConfig, device: torch.device) -> torch.nn.Module:
-    """Same initial weights on every rank (seeded), then ``fully_shard`` per block and the root, on a mesh
-    of this device type (FSDP2's default mesh takes the accelerator whenever one exists, --device cpu too); with
-    ``--replicate N``, HSDP: a 2-D mesh, sharded within groups of world/N ranks and replicated across them."""
-    torch.manual_seed(cfg.seed)
-    model = Transformer(cfg.model).to(device)
+    """The model built on the meta device, sharded, then materialized shard by shard: ``fully_shard`` per block and
+    the root on a mesh of this device type (FSDP2's default mesh takes the accelerator whenever one exists, --device
+    cpu too); with ``--replicate N``, HSDP: a 2-D mesh, sharded within groups of world/N ranks and replicated across
+    them. Each rank then draws its shards' initial weights (:meth:`Transformer.init_weights`: the same at any world
+    size) and never holds the whole model. ``--precision bf16`` computes in bf16 and reduces gradients in fp32 (the
+    parameters, the optimizer and the checkpoints stay fp32); ``--activation-checkpointing`` recomputes each block's
+    activations in the backward; ``--compile`` compiles each block."""
+    with torch.device("meta"):
+        model = Transformer(cfg.model)
     mesh = device_mesh(device, cfg.replicate) if dist.is_initialized() else None
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+        if precision(cfg, device) == "bf16" else MixedPrecisionPolicy()
     for block in model.blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        block.checkpointing = cfg.activation_checkpointing
+        if cfg.compile:
+            block.compile()
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    model.to_empty(device=device)
+    model.init_weights(cfg.seed)
     return model
+
+
+def precision(cfg: TrainConfig, device: torch.device) -> str:
+    """``--precision auto``: bf16 on a GPU, fp32 on the CPU."""
+    if cfg.precision != "auto":
+        return cfg.precision
+    return "bf16" if device.type == "cuda" else "fp32"
 
 
 class TrainState:

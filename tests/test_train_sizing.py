@@ -1,0 +1,87 @@
+"""The model built shard by shard on the meta device (no rank holds the whole model; the same weights at any world
+size), what its state weighs on a rank (the trainer's ``MODEL`` line, :mod:`nvrx_lab.train.sizing`) checked against a
+measured run, and the precision and memory flags (bf16 compute with fp32 reduce, activation checkpointing)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from nvrx_lab.observe.events import read_events
+from nvrx_lab.train.model import ModelConfig, parameter_count
+from nvrx_lab.train.sizing import CHECKPOINT, state_size, units
+
+TINY = ["-m", "nvrx_lab.train", "--log-every", "0", "--global-batch", "4", "--steps", "2"]
+
+
+def test_the_state_of_llama_8b_on_16_p5_nodes_by_arithmetic():
+    """Llama 3.1 8B over 128 GPUs in bf16 with async checkpoints: 16 bytes a parameter sharded, 12 staged; the root
+    (untied embedding and head, 2 x 128,256 x 4,096) is the unit gathered whole."""
+    cfg = ModelConfig(preset="llama3.1-8b")
+    size = state_size(cfg, 128, bf16=True, staged=True)
+    n = parameter_count(cfg)
+    assert size.weights == pytest.approx(4 * n / 128) and size.optimizer == pytest.approx(8 * n / 128)
+    assert size.staging == pytest.approx(12 * n / 128) and size.checkpoint == CHECKPOINT * n == pytest.approx(96.4e9, rel=1e-3)
+    root, block = units(cfg)
+    assert root == 2 * 128256 * 4096 + 4096 and block * 32 + root == n
+    assert size.transient == (root + 2 * block) * 2 + root * (2 + 4)
+    line = size.line("llama3.1-8b", 128)
+    assert line.startswith("MODEL llama3.1-8b: 8.03 B parameters sharded over 128 ranks; each rank holds 1.76 GB of state")
+    assert "a checkpoint is 96.4 GB" in line
+    tied = units(ModelConfig(preset="llama3.2-1b"))[0]
+    assert tied == 128256 * 2048 + 2048  # a tied head is the embedding: counted once
+    with pytest.raises(ValueError, match="shards must be >= 1, got 0"):
+        state_size(cfg, 0)
+
+
+@pytest.mark.timeout(300)
+def test_one_and_two_ranks_start_from_the_same_weights_and_rank_0_says_the_size(torchrun, tmp_path):
+    """Each rank draws only its shards, from a generator per parameter: the first step's loss (the weights before any
+    update) is the same on one process and on two ranks; with different draws it would differ in the second digit."""
+    one = subprocess.run([sys.executable, *TINY, "--metrics", str(tmp_path / "one.jsonl")], capture_output=True,
+                         text=True, timeout=180)
+    assert one.returncode == 0, one.stdout[-2000:] + one.stderr[-2000:]
+    assert "[nvrx_lab] MODEL tiny: 428,672 parameters sharded over 1 rank; each rank holds 6.86 MB" in one.stdout
+    two = torchrun(2, *TINY, "--metrics", str(tmp_path / "two.jsonl"), timeout=180)
+    assert two.returncode == 0, two.stdout[-3000:]
+    assert two.stdout.count("MODEL tiny: 428,672 parameters sharded over 2 ranks") == 1  # rank 0 only
+    first = [read_events(tmp_path / f"{n}.jsonl", "step")[0]["loss"] for n in ("one", "two")]
+    assert first[1] == pytest.approx(first[0], rel=1e-6)
+    other = subprocess.run([sys.executable, *TINY, "--seed", "1", "--metrics", str(tmp_path / "seed1.jsonl")],
+                           capture_output=True, text=True, timeout=180)
+    assert other.returncode == 0 and read_events(tmp_path / "seed1.jsonl", "step")[0]["loss"] != pytest.approx(
+        first[0], rel=1e-4)
+
+
+@pytest.mark.timeout(300)
+def test_bf16_compute_and_activation_checkpointing_train_on_two_ranks(torchrun, tmp_path):
+    """bf16 compute with an fp32 reduce (gloo here, NCCL on a GPU) and recomputed blocks: the loss falls, and the
+    checkpoint keeps fp32 weights."""
+    res = torchrun(2, *TINY, "--steps", "6", "--precision", "bf16", "--activation-checkpointing", "true",
+                   "--ckpt", "sync", "--ckpt-interval", "6", "--ckpt-dir", str(tmp_path / "ckpt"),
+                   "--metrics", str(tmp_path / "m.jsonl"), timeout=240)
+    assert res.returncode == 0, res.stdout[-3000:]
+    curve = [e["loss"] for e in read_events(tmp_path / "m.jsonl", "step")]
+    assert len(curve) == 6 and curve[-1] < curve[0] - 0.1, curve
+    from torch.distributed.checkpoint import FileSystemReader
+
+    meta = FileSystemReader(str(next((tmp_path / "ckpt").glob("step_*")))).read_metadata()
+    dtypes = {str(m.properties.dtype) for k, m in meta.state_dict_metadata.items() if k.startswith("model.")}
+    assert dtypes == {"torch.float32"}, dtypes
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_printed_state_is_within_10_percent_of_the_measured_peak(torchrun, tmp_path):
+    """A 384 M-parameter cut of Llama 3.2 1B (its vocabulary and width, 2 blocks) on two ranks: each rank's peak
+    resident memory above what it held before the model was built is within 10 % of the estimate (state + what the
+    model holds whole while it computes); activations at a batch of one 64-token sequence are small beside it."""
+    res = torchrun(2, "-m", "nvrx_lab.train", "--model", "llama3.2-1b", "--n-layers", "2", "--seq-len", "64",
+                   "--global-batch", "2", "--steps", "2", "--log-every", "0", "--metrics", str(tmp_path / "m.jsonl"),
+                   timeout=800)
+    assert res.returncode == 0, res.stdout[-3000:]
+    for e in read_events(tmp_path / "m.jsonl", "memory"):
+        measured = e["rss_peak"] - e["rss_before"]
+        assert abs(measured - e["estimated_peak"]) / measured < 0.10, e
