@@ -152,6 +152,17 @@ def test_the_ledger_counts_lost_and_duplicated_rows_of_committed_steps_only():
     assert (dup.lost, dup.duplicated) == (0, 1) and "steps [2] wrong" in dup.line()
 
 
+def test_the_ledger_names_samples_and_finds_one_trained_in_two_steps():
+    """Given the data's sample ids, a sample in two committed steps is a repeat (a replica replaying the stream from
+    the wrong position), though each step's rows are whole."""
+    coord = [_quorum(1, None), _quorum(2, 1), _quorum(3, 2)]
+    good = [{**_rows(1, 0, 0, (0, 2)), "samples": [7, 3]}, {**_rows(2, 1, 0, (0, 2)), "samples": [9, 4]}]
+    book = ledger.check(coord, good, 2)
+    assert book.exact and (book.samples, book.repeated) == (4, 0) and "4 samples by id, 0 in two steps" in book.line()
+    replayed = ledger.check(coord, [good[0], {**good[1], "samples": [9, 3]}], 2)
+    assert not replayed.exact and (replayed.lost, replayed.duplicated, replayed.repeated) == (0, 0, 1)
+
+
 def _print(step, rank, replica, params, optimizer=(1.0, 2.0, 3.0)):
     return {"kind": "fingerprint", "step": step, "rank": rank, "replica": replica, "params": list(params),
             "optimizer": list(optimizer)}

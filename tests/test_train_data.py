@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from nvrx_lab.data.prepare import prepare
+from nvrx_lab.data.tokens import TokenDataset
 from nvrx_lab.observe.events import read_events
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,3 +77,23 @@ def test_two_ranks_on_real_text_resume_bit_for_bit_and_on_one_rank_closely(torch
     shutil.rmtree(tmp_path / "c" / "step_00000009")
     _run([sys.executable, *ARGS, "--data", data], 9, tmp_path / "c", tmp_path / "one.jsonl")
     assert losses(tmp_path / "one.jsonl") == pytest.approx(whole[6:], rel=1e-4)
+
+
+@pytest.mark.timeout(300)
+def test_replica_groups_on_real_text_name_the_samples_they_trained_each_once(tmp_path):
+    """Two replica groups on real text, one lost to an exception at step 3 and healed: the ledger names every
+    committed sample by its id in the token file, each once, and they are the dataset's own batches."""
+    data = _text(tmp_path)
+    out = tmp_path / "replicas"
+    res = subprocess.run([sys.executable, "-m", "nvrx_lab.replicas.local", "--replicas", "2", "--nproc", "1", "--out",
+                          str(out), "--timeout", "200", "--", "--log-every", "0", "--global-batch", "4", "--seq-len", "64",
+                          "--data", data, "--steps", "6", "--faults", "1:3:exception"],
+                         capture_output=True, text=True, timeout=260)
+    said = res.stdout + res.stderr
+    assert res.returncode == 0, said[-3000:]
+    assert "ledger: 6 committed steps, 0 samples lost, 0 duplicated (every row exactly once); 24 samples by id, 0 in two " \
+           "steps" in said, said[-3000:]
+    committed = {e["step"]: e for e in read_events(out / "coordinator.jsonl", "quorum") if e["committed"] is not None}
+    trained = {i for p in out.glob("replica*.jsonl") for e in read_events(p, "ledger") for i in e["samples"]}
+    expected = TokenDataset(data, 64, 4)
+    assert len(committed) > 0 and trained == {i for step in range(6) for i in expected.sample_ids(step)}

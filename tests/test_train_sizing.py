@@ -85,3 +85,17 @@ def test_the_printed_state_is_within_10_percent_of_the_measured_peak(torchrun, t
     for e in read_events(tmp_path / "m.jsonl", "memory"):
         measured = e["rss_peak"] - e["rss_before"]
         assert abs(measured - e["estimated_peak"]) / measured < 0.10, e
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_compiled_blocks_train_the_eager_curve(tmp_path):
+    """``--compile``: each block through torch.compile (inductor; the first step pays the compilation) follows the
+    eager run's curve."""
+    curves = []
+    for name, extra in (("eager", []), ("compiled", ["--compile", "true"])):
+        res = subprocess.run([sys.executable, *TINY, "--steps", "3", *extra, "--metrics", str(tmp_path / f"{name}.jsonl")],
+                             capture_output=True, text=True, timeout=800)
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+        curves.append([e["loss"] for e in read_events(tmp_path / f"{name}.jsonl", "step")])
+    assert len(curves[1]) == 3 and curves[1] == pytest.approx(curves[0], rel=1e-4)

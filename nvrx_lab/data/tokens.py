@@ -31,6 +31,10 @@ class BatchStream:
         self.position += 1
         return toks[:, :-1], toks[:, 1:]
 
+    def sample_ids(self, position: int) -> list[int]:
+        """The ids of the samples in the batch at ``position``, row by row (here: position x global batch + row)."""
+        return list(range(position * self.global_batch, (position + 1) * self.global_batch))
+
 
 class TokenDataset(BatchStream):
     """Batches of real tokens from a :class:`~.indexed.TokenFile` (the interface of ``SyntheticTokens``)."""

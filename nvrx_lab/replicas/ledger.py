@@ -5,9 +5,11 @@ and the rows of the global batch whose gradients it contributed. The coordinator
 steps were committed. A committed step's rows are those of its last reduction (an aborted step is redone under a
 new quorum); their union must be the whole global batch, every row once.
 
-The rows say what was trained; the ``fingerprint`` events (:mod:`.fingerprint`) say what it became: every few
-committed steps, rank ``k`` of each replica reports sums over its shard of the parameters and the optimizer's state,
-which must be equal across the replicas.
+A loop given the data's ``sample_ids`` also names each row's sample: no sample may be trained in two committed steps
+(a resumed or healed replica that replayed the stream from the wrong position would). The rows say what was trained;
+the ``fingerprint`` events (:mod:`.fingerprint`) say what it became: every few committed steps, rank ``k`` of each
+replica reports sums over its shard of the parameters and the optimizer's state, which must be equal across the
+replicas.
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ class Ledger:
     duplicated: int = 0
     """Rows trained more than once in a committed step."""
     bad_steps: list[int] = field(default_factory=list)
+    samples: int = 0
+    """Samples of committed steps named by id (a loop given ``sample_ids``: the data's own samples)."""
+    repeated: int = 0
+    """Samples trained in more than one committed step."""
     fingerprinted: int = 0
     """Steps whose replicas' fingerprints were compared."""
     diverged: list[str] = field(default_factory=list)
@@ -35,7 +41,7 @@ class Ledger:
 
     @property
     def exact(self) -> bool:
-        return self.lost == 0 and self.duplicated == 0
+        return self.lost == 0 and self.duplicated == 0 and self.repeated == 0
 
     @property
     def agree(self) -> bool:
@@ -45,13 +51,15 @@ class Ledger:
         verdict = "every row exactly once" if self.exact else f"steps {self.bad_steps[:5]} wrong"
         prints = (f"; the replicas' parameters agree at {self.fingerprinted} fingerprinted steps" if self.agree else
                   f"; the replicas' parameters DIFFER at {len(self.diverged)} (step, rank): {self.diverged[0]}")
+        named = f"; {self.samples} samples by id, {self.repeated} in two steps" if self.samples else ""
         return (f"ledger: {self.steps} committed steps, {self.lost} samples lost, {self.duplicated} duplicated "
-                f"({verdict}){prints if self.fingerprinted else ''}")
+                f"({verdict}){named}{prints if self.fingerprinted else ''}")
 
 
 def check(coordinator_events: list[dict], replica_events: list[dict], global_batch: int) -> Ledger:
     committed = sorted({e["committed"] for e in coordinator_events if e["kind"] == "quorum" and e["committed"] is not None})
     rows: dict[tuple[int, int], Counter] = defaultdict(Counter)
+    samples: dict[tuple[int, int], list[int]] = defaultdict(list)
     last_qid: dict[int, int] = {}
     for e in replica_events:
         if e["kind"] != "ledger":
@@ -60,7 +68,10 @@ def check(coordinator_events: list[dict], replica_events: list[dict], global_bat
         last_qid[e["step"]] = max(last_qid.get(e["step"], -1), e["qid"])
         for start, stop in e["rows"]:
             rows[key].update(range(start, stop))
+        samples[key] += e.get("samples", [])
     out = Ledger(steps=len(committed))
+    named = Counter(i for step in committed for i in set(samples.get((step, last_qid.get(step, -1)), [])))
+    out.samples, out.repeated = len(named), sum(n - 1 for n in named.values() if n > 1)
     for step in committed:
         got = rows.get((step, last_qid.get(step, -1)), Counter())
         lost = sum(1 for r in range(global_batch) if got[r] == 0)

@@ -93,13 +93,15 @@ def replica_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data
 class ReplicaLoop:
     """Training ``steps`` steps of ``global_batch`` rows as one replica group of several (see the module's docs)."""
 
-    OPTIONS = ("ckpt", "before_step", "settings")
+    OPTIONS = ("ckpt", "before_step", "settings", "sample_ids")
 
     def __init__(self, state, compute: Compute, config: ReplicaConfig, group: Group, *, steps: int, global_batch: int,
                  **options):
         """``options``: ``ckpt`` (a :class:`~nvrx_lab.checkpoint.Checkpointer`: the lowest live group saves through
         it), ``before_step`` (called with each new step before it is computed: the trainer's fault injector),
-        ``settings`` (values every group must share, beside the gradients' layout: the coordinator refuses another)."""
+        ``settings`` (values every group must share, beside the gradients' layout: the coordinator refuses another),
+        ``sample_ids`` (step -> the ids of its global batch's samples, row by row: the ledger then names the samples
+        each rank trained, and checks that none was trained in two committed steps)."""
         if unknown := sorted(set(options) - set(self.OPTIONS)):
             raise TypeError(f"ReplicaLoop: unknown option(s) {unknown}; allowed: {list(self.OPTIONS)}")
         self.state, self.compute, self.rc, self.group = state, compute, config, group
@@ -107,6 +109,7 @@ class ReplicaLoop:
         self.ckpt = options.get("ckpt")  # storage checkpoints (nvrx_lab.checkpoint): the lowest live group saves
         self.before_step: Callable[[int], None] = options.get("before_step") or (lambda step: None)
         self.settings = options.get("settings", {})  # more that every group must share (the layout's)
+        self.sample_ids: Callable[[int], list[int]] | None = options.get("sample_ids")
         self.client = ReplicaClient(*config.address, config.replica_id, group.rank, group.world_size,
                                     reconnect_timeout=config.reconnect_timeout, stored=self.ckpt is not None)
         self.client.progress = self.progress = Progress(state.model, state.optimizer, group.device, config.hang_timeout)
@@ -116,6 +119,12 @@ class ReplicaLoop:
     def healing(self) -> bool:
         """This group replaces one of a live job: it takes a live group's state at its first quorum."""
         return self.client.healing
+
+    def _samples(self, work) -> dict:
+        if self.sample_ids is None:
+            return {}
+        ids = self.sample_ids(work.step)
+        return {"samples": [ids[i] for r in work.rows for i in range(r.start, r.stop)]}
 
     def run(self) -> dict:
         """From the first quorum to the last committed step: ``{"steps", "losses", "world_size"}``."""
@@ -171,7 +180,7 @@ class ReplicaLoop:
                     done = self.plane.reduce(work, group, quorum, periods)
                     self.progress.step_finished()
                     emit("ledger", step=work.step, qid=quorum.qid, replica=rc.replica_id,
-                         rows=[[r.start, r.stop] for r in work.rows])
+                         rows=[[r.start, r.stop] for r in work.rows], **self._samples(work))
                 except (StepAborted, RuntimeError):  # RuntimeError: the heal broke (a member failed meanwhile)
                     done = None
             done = self._agree(done)
