@@ -4,13 +4,16 @@ measured run, and the precision and memory flags (bf16 compute with fp32 reduce,
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
 import pytest
+import torch
 
+from nvrx_lab.gpucheck.throughput import model_flops_per_token, peak_flops
 from nvrx_lab.observe.events import read_events
-from nvrx_lab.train.model import ModelConfig, parameter_count
+from nvrx_lab.train.model import ModelConfig, Transformer, parameter_count
 from nvrx_lab.train.sizing import CHECKPOINT, state_size, units
 
 TINY = ["-m", "nvrx_lab.train", "--log-every", "0", "--global-batch", "4", "--steps", "2"]
@@ -39,7 +42,8 @@ def test_the_state_of_llama_8b_on_16_p5_nodes_by_arithmetic():
 @pytest.mark.timeout(300)
 def test_one_and_two_ranks_start_from_the_same_weights_and_rank_0_says_the_size(torchrun, tmp_path):
     """Each rank draws only its shards, from a generator per parameter: the first step's loss (the weights before any
-    update) is the same on one process and on two ranks; with different draws it would differ in the second digit."""
+    update) is the same on one process and on two ranks (the two ranks' sum of two halves rounds differently, no
+    more)."""
     one = subprocess.run([sys.executable, *TINY, "--metrics", str(tmp_path / "one.jsonl")], capture_output=True,
                          text=True, timeout=180)
     assert one.returncode == 0, one.stdout[-2000:] + one.stderr[-2000:]
@@ -49,10 +53,15 @@ def test_one_and_two_ranks_start_from_the_same_weights_and_rank_0_says_the_size(
     assert two.stdout.count("MODEL tiny: 428,672 parameters sharded over 2 ranks") == 1  # rank 0 only
     first = [read_events(tmp_path / f"{n}.jsonl", "step")[0]["loss"] for n in ("one", "two")]
     assert first[1] == pytest.approx(first[0], rel=1e-6)
-    other = subprocess.run([sys.executable, *TINY, "--seed", "1", "--metrics", str(tmp_path / "seed1.jsonl")],
-                           capture_output=True, text=True, timeout=180)
-    assert other.returncode == 0 and read_events(tmp_path / "seed1.jsonl", "step")[0]["loss"] != pytest.approx(
-        first[0], rel=1e-4)
+
+
+def test_each_parameter_has_its_own_draw_and_the_seed_changes_them_all():
+    """Whole on one process: two parameters of one shape are not the same draw, and another seed changes every one."""
+    a, b = (Transformer(ModelConfig(), seed=s) for s in (0, 1))
+    pa, pb = dict(a.named_parameters()), dict(b.named_parameters())
+    assert not torch.equal(pa["blocks.0.mlp.w_gate.weight"], pa["blocks.0.mlp.w_up.weight"])
+    assert all(not torch.equal(pa[n], pb[n]) for n in pa if pa[n].dim() > 1)
+    assert pa["embed.weight"].std().item() == pytest.approx(0.02, rel=0.05)
 
 
 @pytest.mark.timeout(300)
@@ -99,3 +108,17 @@ def test_compiled_blocks_train_the_eager_curve(tmp_path):
         assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
         curves.append([e["loss"] for e in read_events(tmp_path / f"{name}.jsonl", "step")])
     assert len(curves[1]) == 3 and curves[1] == pytest.approx(curves[0], rel=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_gpuchecks_throughput_check_runs_on_the_cpu(tmp_path):
+    """``gpucheck --cpu-dry-run --only g``: the tiny model in bf16 with activation checkpointing and two async saves;
+    the figures line, without an MFU (no peak for a CPU), and the FLOPs arithmetic of Llama 3.1 8B at 8,192 tokens."""
+    res = subprocess.run([sys.executable, "-m", "nvrx_lab.gpucheck", "--cpu-dry-run", "--only", "g", "--workdir",
+                          str(tmp_path)], capture_output=True, text=True, timeout=280)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    assert re.search(r"g\. throughput  PASS  [\d,]+ tokens/s .* MFU: no bf16 peak known for 'cpu'", res.stdout), res.stdout
+    cfg = ModelConfig(preset="llama3.1-8b")
+    assert model_flops_per_token(cfg) == 6 * parameter_count(cfg) + 12 * 32 * 4096 * 8192
+    assert peak_flops("NVIDIA H100 80GB HBM3") == 989e12 and peak_flops("Tesla T4") is None

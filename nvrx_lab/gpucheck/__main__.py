@@ -18,11 +18,13 @@ e. **NCCL abort path** — the abort in-process restart runs (``ncclCommAbort`` 
    at least one group, the aborted group refuses work instead of hanging, and a new group all-reduces;
 f. **replica group abort** — replica groups' replicate group (:mod:`nvrx_lab.gpucheck.replicas`): one member of three
    hangs in a sum, the survivors abort it at once, shrink the group (``ncclCommShrink``) or make a new one, and sum
-   again. Needs 3 GPUs (a failed check that says so on fewer); gloo on the CPU with ``--cpu-dry-run``.
+   again. Needs 3 GPUs (a failed check that says so on fewer); gloo on the CPU with ``--cpu-dry-run``;
+g. **throughput** — the 1B-class preset, 20 steps in bf16 with activation checkpointing and async checkpoints
+   (:mod:`nvrx_lab.gpucheck.throughput`): tokens per second and MFU against the GPU's bf16 peak.
 
 Prints torch's, CUDA's and NCCL's versions first, then a summary table (versions on its first line); exits 0
 when every check passed, 1 otherwise, 2 without a CUDA device (still naming the versions).
-``--only a,c`` runs some of them; ``--cpu-dry-run`` runs a-c and f tiny on the CPU (to test this script).
+``--only a,c`` runs some of them; ``--cpu-dry-run`` runs a-c, f and g tiny on the CPU (to test this script).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import torch
 
 from nvrx_lab.gpucheck.device import check_device_assert, check_nccl_abort
 from nvrx_lab.gpucheck.replicas import check_replica_abort
+from nvrx_lab.gpucheck.throughput import check_throughput
 from nvrx_lab.observe.events import read_events
 from nvrx_lab.runner import run, torchrun, trainer
 
@@ -220,7 +223,7 @@ def print_table(results: list[Result]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m nvrx_lab.gpucheck", description=__doc__.split("\n")[0])
-    ap.add_argument("--only", default="a,b,c,d,e,f", help="checks to run, e.g. a,c")
+    ap.add_argument("--only", default="a,b,c,d,e,f,g", help="checks to run, e.g. a,c")
     ap.add_argument("--workdir", default=None, help="folder for checkpoints and metrics (default: a temp folder)")
     ap.add_argument("--ckpt-gib", type=float, default=3.0, help="size of the state of check a")
     ap.add_argument("--cpu-dry-run", action="store_true", help="run a-c tiny on the CPU (tests this script)")
@@ -231,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
               "machine", file=sys.stderr)
         return 2
     device = torch.device("cpu") if dry else torch.device("cuda", 0)
+    name = "cpu" if dry else torch.cuda.get_device_name(0)
     if not dry:
         torch.cuda.set_device(device)
         print(f"gpucheck on {torch.cuda.get_device_name(0)}, {versions()}", flush=True)
@@ -246,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
               "c": lambda: check_inprocess_memory(work, device.type, big_model, 300),
               "d": lambda: Result("d. device-side assert", *check_device_assert(150)),
               "e": lambda: Result("e. NCCL abort path", *check_nccl_abort(120)),
-              "f": lambda: Result("f. replica group abort", *check_replica_abort(120, device.type))}
+              "f": lambda: Result("f. replica group abort", *check_replica_abort(120, device.type)),
+              "g": lambda: Result("g. throughput", *check_throughput(work, device.type, name, 400))}
     results = []
     for key in [k.strip() for k in a.only.split(",") if k.strip()]:
         if key not in checks or (dry and key in "de"):
