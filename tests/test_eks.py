@@ -115,7 +115,12 @@ def test_validate_reports_every_violation_with_its_path():
     (dict(local_ckpt_gib=-1), "local_ckpt_gib", "0 (from the model)"),
     (dict(local_ckpt_interval=1, local_ckpt_gib=8, ckpt="none"), "local_ckpt_interval", "fallback"),
     (dict(local_ckpt_interval=1, local_ckpt_gib=5000), "local_ckpt_gib", "up to half"),
-    (dict(model="llama3.1-70b", nodes=4, local_ckpt_interval=1, ckpt="async"), "model", "local_ckpt_on_nvme=True"),
+    (dict(model="llama3.1-70b", nodes=4, local_ckpt_interval=1, ckpt="async", fsx_capacity_gib=4800), "model",
+     "local_ckpt_on_nvme=True"),
+    (dict(model="llama3.1-70b", nodes=16), "fsx_capacity_gib", "kept checkpoints and one being written (847 GB each); "
+                                                               "allowed: >= 4800"),
+    (dict(model="llama3.1-70b", nodes=16, fsx_capacity_gib=4800), "pg_timeout", "a save of llama3.1-70b on this FSx takes 722 s"),
+    (dict(fsx_mbps_per_tib=2000), "fsx_mbps_per_tib", "50..1000"),
     (dict(model="llama3.1-70b"), "model", "needs 90.8 GB a GPU"),
     (dict(model="llama3.1-70b"), "model", "allowed: nodes >= 4"),
     (dict(model="gpt2"), "model", "expected one of tiny, llama3.2-1b"),

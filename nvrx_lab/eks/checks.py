@@ -8,14 +8,13 @@ so a spec accepts exactly what the trainer accepts.
 
 from __future__ import annotations
 
-import math
 import re
 from typing import TYPE_CHECKING
 
 from nvrx_lab.eks.instances import instance_type, pod_resources
 from nvrx_lab.eks.modes import mode
+from nvrx_lab.eks.sizing import check_model, save_seconds
 from nvrx_lab.faults import parse_schedule
-from nvrx_lab.train.model import ModelConfig
 
 if TYPE_CHECKING:
     from nvrx_lab.eks.spec import JobSpec
@@ -33,9 +32,6 @@ MANAGED_TRAIN_FLAGS = ("--model", "--data", "--steps", "--seed", "--global-batch
                        "--coordinator", "--replica-id", "--replicas")
 LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 WORKLOADS = ("job", "jobset")
-GPU_SHARE = 0.8
-"""Share of a GPU's memory the training state and what the model holds whole may take (the rest: activations at
-activation checkpointing, NCCL's buffers, the allocator's slack)."""
 RESERVED_ENV = ("JOB_COMPLETION_INDEX", "NNODES", "NPROC_PER_NODE", "RANK0_HOST", "MASTER_PORT", "RDZV_PORT", "RUN_DIR",
                 "LAUNCHER_CONFIG", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "COORDINATOR_HOST", "COORDINATOR_PORT",
                 "STORE_PORT", "REPLICA_ID", "LISTEN_HOST")
@@ -51,7 +47,7 @@ def check(s: JobSpec) -> None:
     _check_replicas(s)
     _check_node(s)
     _check_storage(s)
-    _check_model(s)
+    check_model(s)
     _check_training(s)
     _check_launcher(s)
     _check_environment(s)
@@ -144,6 +140,9 @@ def _check_storage(s: JobSpec) -> None:
             _fail("fsx_dns_name" if not s.fsx_dns_name else "fsx_mount_name", "required when fsx_volume_handle is set")
     if s.fsx_capacity_gib < 1200:
         _fail("fsx_capacity_gib", f"{s.fsx_capacity_gib}; allowed: >= 1200 (the smallest FSx for Lustre file system)")
+    if isinstance(s.fsx_mbps_per_tib, bool) or not isinstance(s.fsx_mbps_per_tib, int) or not 50 <= s.fsx_mbps_per_tib <= 1000:
+        _fail("fsx_mbps_per_tib", f"{s.fsx_mbps_per_tib!r}; allowed: the file system's MB/s per TiB, 50..1000 "
+                                  "(PERSISTENT_2: 125, 250, 500, 1000)")
     if not s.mount_path.startswith("/") or s.mount_path.rstrip("/") in ("", "/dev", "/proc", "/sys", "/etc", "/dev/shm") \
             or s.mount_path.startswith(("/dev/", "/proc/", "/sys/", "/etc/")):
         _fail("mount_path", f"{s.mount_path!r}; allowed: an absolute path outside /, /dev, /proc, /sys and /etc")
@@ -165,29 +164,6 @@ def _check_local(s: JobSpec) -> None:
               f"{s.model} over {s.shards} GPUs: /dev/shm would take {s.shm} GiB of the pod's {mem} GiB ({s.staging_gib} "
               f"staging, {s.local_copies_gib} local checkpoints: {s.state_gib_per_gpu:.3g} GiB a GPU); allowed: up to "
               "half of it: more nodes, or local_ckpt_on_nvme=True to move the local checkpoints to disk")
-
-
-def _check_model(s: JobSpec) -> None:
-    """The preset exists, the data path is one every pod can read, and the state fits the GPUs."""
-    try:
-        ModelConfig(preset=s.model)
-    except ValueError as e:
-        _fail("model", str(e).removeprefix("--model "))
-    if s.data and not s.data.startswith("/"):
-        _fail("data", f"{s.data!r}; allowed: an absolute path every pod reads (under mount_path {s.mount_path!r}), or "
-                      "empty for synthetic tokens")
-    gpu_gb = instance_type(s.instance_type).gpu_gb
-    size = s.sizing
-    held = size.weights + size.grads + size.optimizer + size.transient
-    room = GPU_SHARE * gpu_gb * 1e9
-    if held > room:
-        per_node = s.shards / s.nodes  # ranks a parameter is sharded over, per node
-        least = math.ceil(size.parameters * 16 / per_node / (room - size.transient)) if room > size.transient else 0
-        _fail("model", f"{s.model} over {s.shards} GPUs needs {held / 1e9:.3g} GB a GPU "
-                       f"({(held - size.transient) / 1e9:.3g} GB of weights, gradients and AdamW, "
-                       f"{size.transient / 1e9:.3g} GB while it computes): over {GPU_SHARE:.0%} of a {s.instance_type}'s "
-                       f"{gpu_gb} GB GPU (the rest: activations, NCCL); allowed: "
-                       + (f"nodes >= {least}" if least else "a type whose GPUs have more memory"))
 
 
 def _check_training(s: JobSpec) -> None:
@@ -242,10 +218,12 @@ def _check_launcher(s: JobSpec) -> None:
     if c.metrics_file is not None:
         _fail("launcher.metrics_file", f"{c.metrics_file!r}; allowed: None (restart events join the run's "
                                        "<mount_path>/<name>/metrics.jsonl)")
-    longest = max(c.section_timeouts.values(), default=0.0)
+    longest = max(s.rendered_launcher.section_timeouts.values(), default=0.0)
     if s.mode_info.uses_launcher and s.pg_timeout < longest:
         _fail("pg_timeout", f"{s.pg_timeout:g} s is shorter than the longest section timeout ({longest:g} s): a "
-                            "collective would time out while the launcher still waits; allowed: >= the section timeouts")
+                            "collective would time out while the launcher still waits; allowed: >= the section timeouts"
+                            + ("" if "checkpoint" in c.section_timeouts else f" (a save of {s.model} on this FSx takes "
+                               f"{save_seconds(s):,.0f} s: fsx_mbps_per_tib or fsx_capacity_gib make it shorter)"))
     for f in ("rdzv_join_timeout", "rdzv_read_timeout", "rdzv_keep_alive_s"):
         if isinstance(getattr(s, f), bool) or not isinstance(getattr(s, f), int) or getattr(s, f) < 1:
             _fail(f, f"{getattr(s, f)!r}; allowed: whole seconds >= 1")

@@ -194,14 +194,17 @@ def launcher_config(s: JobSpec) -> str:
     """The launcher's YAML config file (keys = its flags' names), one comment per key: the settings of
     ``s.launcher`` that are not on the command line (:data:`COMMAND_LINE`), the four below always, any other where
     it differs from the launcher's default (its docstring as the comment)."""
-    c = s.launcher
+    c = s.rendered_launcher
     lines = [
         "# nvrx_lab.launcher config: keys are the flags' names (--heartbeat-timeout -> heartbeat_timeout).",
         "# Seconds without a heartbeat, once a rank has sent its first one, before it counts as hung.",
         f"heartbeat_timeout: {c.flag_text('heartbeat_timeout')}",
         "# Seconds until the first heartbeat: imports, model build and checkpoint load from FSx.",
         f"initial_heartbeat_timeout: {c.flag_text('initial_heartbeat_timeout')}",
-        "# Per-section timeouts: a long save inside 'checkpoint' is not mistaken for a hang.",
+        "# Per-section timeouts: a long save inside 'checkpoint' is not mistaken for a hang"
+        + ("." if "checkpoint" in s.launcher.section_timeouts else
+           f" (twice a blocking save of {s.model}, {s.sizing.checkpoint / 1e9:.3g} GB at {s.fsx_mbps_per_tib} MB/s per TiB "
+           f"of {s.fsx_capacity_gib} GiB; 600 s at least)."),
         "section_timeouts: " + (c.flag_text("section_timeouts") or "''"),
         "# " + {"any-failed": "any-failed: restart the whole group when any rank fails.",
                 "min-healthy": "min-healthy: exceptions stay in-process; restart only when a rank died or hung.",

@@ -1,15 +1,26 @@
-"""A job's training state per GPU, by arithmetic (:mod:`nvrx_lab.train.sizing`): what sizes a pod's ``/dev/shm`` (the
-async checkpoint's staging, the local checkpoints) and what :mod:`nvrx_lab.eks.checks` compares with a GPU's memory.
-A parameter is sharded over a group's GPUs (FSDP), or over a group's GPUs / N with ``--replicate N`` among the
-trainer's extra flags (HSDP); the GPUs compute in bf16."""
+"""A job's training state per GPU, by arithmetic (:mod:`nvrx_lab.train.sizing`): it sizes a pod's ``/dev/shm`` (the
+async checkpoint's staging, the local checkpoints) and the launcher's ``checkpoint`` section (a blocking save at the
+FSx file system's throughput), and :func:`check_model` refuses a job whose state does not fit a GPU or whose kept
+checkpoints do not fit the FSx. A parameter is sharded over a group's GPUs (FSDP), or over a group's GPUs / N with
+``--replicate N`` among the trainer's extra flags (HSDP); the GPUs compute in bf16."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
 from typing import TYPE_CHECKING
 
+from nvrx_lab.eks.instances import instance_type
+from nvrx_lab.train.config import TrainConfig
 from nvrx_lab.train.model import ModelConfig
 from nvrx_lab.train.sizing import CHECKPOINT, StateSize, state_size
+
+KEEP = TrainConfig().checkpoint.storage.keep_last
+"""Checkpoints the trainer keeps on FSx (``--ckpt-keep``'s default)."""
+GPU_SHARE = 0.8
+"""Share of a GPU's memory the training state and what the model holds whole may take (the rest: activations at
+activation checkpointing, NCCL's buffers, the allocator's slack)."""
 
 if TYPE_CHECKING:
     from nvrx_lab.eks.spec import JobSpec
@@ -44,3 +55,51 @@ def replicate(extra: tuple[str, ...]) -> int:
         if value is not None:
             return int(value) if value.isdigit() and int(value) >= 1 else 1
     return 1
+
+
+def save_seconds(s: JobSpec) -> float:
+    """A whole checkpoint written at the FSx file system's provisioned throughput (capacity x MB/s per TiB)."""
+    return sizing(s).checkpoint / (s.fsx_capacity_gib / 1024 * s.fsx_mbps_per_tib * 1e6)
+
+
+def with_save_timeout(s: JobSpec):
+    """``s.launcher``, whose ``checkpoint`` section, where it sets none, lasts twice :func:`save_seconds` in whole
+    minutes and 600 s at least (600 s without checkpoints, or with a model the checks refuse)."""
+    if "checkpoint" in s.launcher.section_timeouts:
+        return s.launcher
+    try:
+        seconds = max(600, math.ceil(2 * save_seconds(s) / 60) * 60) if s.ckpt_mode != "none" else 600
+    except (ValueError, TypeError, ZeroDivisionError):
+        seconds = 600
+    return dataclasses.replace(s.launcher, section_timeouts={**s.launcher.section_timeouts, "checkpoint": float(seconds)})
+
+
+def check_model(s: JobSpec) -> None:
+    """The preset exists, the data path is one every pod can read, and the state fits the GPUs."""
+    try:
+        ModelConfig(preset=s.model)
+    except ValueError as e:
+        _fail("model", str(e).removeprefix("--model "))
+    if s.data and not s.data.startswith("/"):
+        _fail("data", f"{s.data!r}; allowed: an absolute path every pod reads (under mount_path {s.mount_path!r}), or "
+                      "empty for synthetic tokens")
+    gpu_gb = instance_type(s.instance_type).gpu_gb
+    size = s.sizing
+    held = size.weights + size.grads + size.optimizer + size.transient
+    room = GPU_SHARE * gpu_gb * 1e9
+    if held > room:
+        per_node = s.shards / s.nodes  # ranks a parameter is sharded over, per node
+        least = math.ceil(size.parameters * 16 / per_node / (room - size.transient)) if room > size.transient else 0
+        _fail("model", f"{s.model} over {s.shards} GPUs needs {held / 1e9:.3g} GB a GPU "
+                       f"({(held - size.transient) / 1e9:.3g} GB of weights, gradients and AdamW, "
+                       f"{size.transient / 1e9:.3g} GB while it computes): over {GPU_SHARE:.0%} of a {s.instance_type}'s "
+                       f"{gpu_gb} GB GPU (the rest: activations, NCCL); allowed: "
+                       + (f"nodes >= {least}" if least else "a type whose GPUs have more memory"))
+    if s.ckpt_mode != "none" and (KEEP + 1) * size.checkpoint > s.fsx_capacity_gib * 2**30:
+        need = math.ceil((KEEP + 1) * size.checkpoint / 2**30 / 2400) * 2400
+        _fail("fsx_capacity_gib", f"{s.fsx_capacity_gib} GiB holds fewer than the trainer's {KEEP} kept checkpoints and "
+                                  f"one being written ({size.checkpoint / 1e9:,.0f} GB each); allowed: >= {need}")
+
+
+def _fail(field_name: str, problem: str) -> None:
+    raise ValueError(f"JobSpec.{field_name}: {problem}")

@@ -12,44 +12,16 @@ The launcher's settings are the launcher's own :class:`~nvrx_lab.launcher.config
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import InitVar, dataclass, field
 
 from nvrx_lab.eks import sizing
 from nvrx_lab.eks.checks import check
 from nvrx_lab.eks.instances import InstanceType, instance_type, pod_resources
-from nvrx_lab.eks.modes import MODES, Mode, mode
+from nvrx_lab.eks.launcher_settings import launcher_for, pod_launcher
+from nvrx_lab.eks.modes import Mode, mode
 from nvrx_lab.runner import LauncherConfig
 from nvrx_lab.train.sizing import StateSize
-
-POD_LAUNCHER = dict(max_restarts=10, monitor_interval=1.0, heartbeat_timeout=300.0, initial_heartbeat_timeout=900.0,
-                    section_timeouts={"checkpoint": 600.0})
-"""Where a pod's launcher differs from the launcher's own defaults. ``max_restarts``: group restarts on one node
-before its launcher gives up (and closes the rendezvous, which fails every pod: see ``backoff_limit``);
-``monitor_interval``: seconds between checks of worker exits and heartbeats; ``heartbeat_timeout``: seconds
-without a heartbeat, after the first, before a rank counts as hung; ``initial_heartbeat_timeout``: until the
-first heartbeat (imports, model build, checkpoint load from FSx); ``section_timeouts``: a long save inside
-``checkpoint`` is not a hang."""
-
-
-def pod_launcher(**settings) -> LauncherConfig:
-    """The launcher's settings for a pod: :data:`POD_LAUNCHER` over the launcher's defaults, then ``settings``."""
-    return LauncherConfig.from_kwargs(**(POD_LAUNCHER | settings))
-
-
-def _launcher(config: LauncherConfig, mode_name: str, changes: dict) -> LauncherConfig:
-    """``config`` with ``changes`` (the shorthand fields) and the restart policy of the mode; a new object (a spec
-    made by ``dataclasses.replace`` shares its original's)."""
-    if not isinstance(config, LauncherConfig):
-        raise ValueError(f"JobSpec.launcher: expected a LauncherConfig (e.g. pod_launcher(heartbeat_timeout=60)), "
-                         f"got {type(config).__name__}")
-    if mode_name in MODES and MODES[mode_name].uses_launcher:
-        changes["restart_policy"] = MODES[mode_name].restart_policy
-    try:
-        return dataclasses.replace(config, **changes)
-    except ValueError as e:  # "LauncherConfig.<field>: <problem>"
-        raise ValueError(f"JobSpec.launcher.{str(e).removeprefix('LauncherConfig.')}") from None
 
 
 @dataclass
@@ -102,6 +74,8 @@ class JobSpec:
     """FSx Lustre mount name (``aws fsx describe-file-systems``); required with ``fsx_volume_handle``."""
     fsx_capacity_gib: int = 1200
     """Capacity written on the PersistentVolume and claim (FSx for Lustre: 1200 GiB or more)."""
+    fsx_mbps_per_tib: int = 250
+    """The FSx file system's throughput, MB/s per TiB (PERSISTENT_2: 125, 250, 500, 1000): how fast a save writes."""
     mount_path: str = "/fsx"
     """Where the FSx volume is mounted; the run writes under ``<mount_path>/<name>/``."""
     model: str = "tiny"
@@ -183,9 +157,8 @@ class JobSpec:
     """Set a CPU limit (= request, Guaranteed QoS). Off: the limit becomes a CFS quota that throttles the bursts of
     NCCL proxy, dataloader and checkpoint threads on a 192-vCPU node; memory keeps its limit."""
     nccl_trace_buffer: int = 2000
-    """NCCL flight recorder: collectives kept per rank (``TORCH_FR_BUFFER_SIZE``, formerly
-    ``TORCH_NCCL_TRACE_BUFFER_SIZE``) and dumped to
-    ``<run_dir>/nccl-trace/`` when a collective times out; 0 = off."""
+    """NCCL flight recorder: collectives kept per rank (``TORCH_FR_BUFFER_SIZE``) and dumped to ``<run_dir>/nccl-trace/``
+    when a collective times out; 0 = off."""
     rdzv_port: int = 29400
     """Port of the c10d rendezvous store on rank 0's pod (launcher modes)."""
     master_port: int = 29500
@@ -201,7 +174,7 @@ class JobSpec:
                       section_timeouts) -> None:
         shorthand = dict(max_restarts=max_restarts, heartbeat_timeout=heartbeat_timeout, monitor_interval=monitor_interval,
                          initial_heartbeat_timeout=initial_heartbeat_timeout, section_timeouts=section_timeouts)
-        self.launcher = _launcher(self.launcher, self.mode, {k: v for k, v in shorthand.items() if v is not None})
+        self.launcher = launcher_for(self.launcher, self.mode, {k: v for k, v in shorthand.items() if v is not None})
         self.env, self.secret_env = dict(self.env), dict(self.secret_env)
         self.train_extra, self.tolerations = tuple(self.train_extra), tuple(self.tolerations)
         check(self)
@@ -258,6 +231,11 @@ class JobSpec:
     @property
     def state_gib_per_gpu(self) -> float:
         return sizing.checkpointed_gib(self)
+
+    @property
+    def rendered_launcher(self) -> LauncherConfig:
+        """``launcher`` as rendered: a ``checkpoint`` section it does not set lasts twice a blocking save (600 s at least)."""
+        return sizing.with_save_timeout(self)
 
     @property
     def staging_gib(self) -> int:
