@@ -65,6 +65,19 @@ class FakeKube(ThreadingHTTPServer):
         self.nodes, self.objects, self.requests, self.polls, self.fail, self.pending = nodes, {}, [], 0, {}, {}
         self.url = f"http://127.0.0.1:{self.server_address[1]}"
         self.callers = []
+        # what preflight reads of a ready cluster: p5 nodes with their GPUs and EFA free, the FSx claim Bound
+        self.objects["/api/v1/nodes"] = {"kind": "NodeList", "apiVersion": "v1", "metadata": {},
+                                         "items": [p5_node(f"ip-10-0-0-{i}") for i in range(nodes)]}
+        self.objects["/api/v1/namespaces/nvrx-lab/persistentvolumeclaims/fsx-claim"] = {
+            "kind": "PersistentVolumeClaim", "apiVersion": "v1", "metadata": {"name": "fsx-claim", "namespace": "nvrx-lab"},
+            "spec": {}, "status": {"phase": "Bound"}}
+
+
+def p5_node(name: str, ready: bool = True, gpus: int = 8) -> dict:
+    return {"metadata": {"name": name, "labels": {"node.kubernetes.io/instance-type": "p5.48xlarge"}},
+            "spec": {"unschedulable": False},
+            "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+                       "allocatable": {"nvidia.com/gpu": str(gpus), "vpc.amazonaws.com/efa": "32"}}}
 
 
 class Handler(BaseHTTPRequestHandler):

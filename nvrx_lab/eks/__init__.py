@@ -25,6 +25,7 @@ from nvrx_lab.eks.auth import EksError, eks_token
 from nvrx_lab.eks.instances import INSTANCE_TYPES, InstanceType
 from nvrx_lab.eks.local import LocalRun, local_run, plan
 from nvrx_lab.eks.modes import MODES, Mode
+from nvrx_lab.eks.preflight import Finding, PreflightFailed, preflight
 from nvrx_lab.eks.render import render
 from nvrx_lab.eks.spec import JobSpec, pod_launcher
 from nvrx_lab.eks.submit import Access, SubmitResult, Watch, delete, submit
@@ -35,5 +36,5 @@ from nvrx_lab.eks.yamlio import comments_for, to_yaml, write_manifests
 __all__ = ["JobSpec", "pod_launcher", "Access", "Watch",
            "render", "validate", "submit", "delete", "local_run", "plan", "to_yaml", "write_manifests",
            "comments_for", "parse_goodput", "waiting_reason", "eks_token", "EksError", "ManifestError", "SubmitResult",
-           "LocalRun",
+           "LocalRun", "preflight", "Finding", "PreflightFailed",
            "MODES", "Mode", "INSTANCE_TYPES", "InstanceType", "K8S_VERSION"]

@@ -2,6 +2,7 @@
 
     python -m nvrx_lab.eks render --out manifests/ [--nodes 2] [--image IMG] [--fsx-id fs-… …]
     python -m nvrx_lab.eks validate manifests/*.yaml
+    python -m nvrx_lab.eks preflight --cluster C --region R --name N --image IMG [--nodes 16 --model llama3.1-8b …]
     python -m nvrx_lab.eks submit --cluster C --region R --name N --image IMG --mode ft_launcher [--no-dry-run] [--replace]
     python -m nvrx_lab.eks delete --cluster C --region R --name N
 
@@ -21,8 +22,9 @@ import yaml
 
 from nvrx_lab.eks.auth import EksError
 from nvrx_lab.eks.modes import MODES
+from nvrx_lab.eks.preflight import PreflightFailed
 from nvrx_lab.eks.spec import JobSpec
-from nvrx_lab.eks.submit import Access, delete, submit
+from nvrx_lab.eks.submit import Access, check_cluster, delete, submit
 from nvrx_lab.eks.validate import ManifestError, validate
 from nvrx_lab.eks.yamlio import EXAMPLE, manifest_files, write_files
 
@@ -62,14 +64,15 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--fsx-mount-name", dest="fsx_mount_name", help="FSx Lustre mount name" + fsx)
     v = sub.add_parser("validate", help="validate YAML files against the Kubernetes schemas (strict)")
     v.add_argument("files", nargs="+")
-    for name in ("submit", "delete"):
-        s = sub.add_parser(name, help=f"{name} a job on an EKS cluster")
+    for name in ("submit", "preflight", "delete"):
+        s = sub.add_parser(name, help=f"{name} a job on an EKS cluster" if name != "preflight" else
+                           "check what would leave a job's nodes idle (image, volume, nodes, Pod Security, example values)")
         s.add_argument("--cluster", required=True)
         s.add_argument("--region", required=True)
         s.add_argument("--name", required=True, help="job name")
         s.add_argument("--namespace", default="nvrx-lab")
         s.add_argument("--api-server", default=None, help="override the cluster endpoint (tunnel/proxy)")
-        if name == "submit":
+        if name in ("submit", "preflight"):
             s.add_argument("--image", required=True)
             s.add_argument("--mode", choices=list(MODES), default="ft_launcher")
             s.add_argument("--nodes", type=int, default=2)
@@ -82,10 +85,25 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--faults", default="")
             s.add_argument("--fsx-claim", default="fsx-claim")
             s.add_argument("--queue-name", default="", help="Kueue LocalQueue: admitted when all pods fit (default: none)")
+            s.add_argument("--fsx-id", dest="fsx_volume_handle", default="", help="FSx file system id (fs-…) when this "
+                           "submit creates the volume and claim (with --fsx-dns and --fsx-mount-name)")
+            s.add_argument("--fsx-dns", dest="fsx_dns_name", default="")
+            s.add_argument("--fsx-mount-name", dest="fsx_mount_name", default="")
+        if name == "submit":
+            s.add_argument("--no-preflight", action="store_true", help="skip the preflight checks (said on the console)")
             s.add_argument("--no-dry-run", action="store_true", help="really submit (default: render and validate only)")
             s.add_argument("--replace", action="store_true",
                            help="delete an existing Job of this name (and its pods) first; it resumes from its checkpoints")
     return p
+
+
+def _job(args: argparse.Namespace) -> JobSpec:
+    """The JobSpec of ``submit``'s and ``preflight``'s flags."""
+    return JobSpec(name=args.name, image=args.image, nodes=args.nodes, mode=args.mode, namespace=args.namespace,
+                   instance_type=args.instance_type, model=args.model, data=args.data, steps=args.steps,
+                   ckpt_interval=args.ckpt_interval, faults=args.faults, fsx_claim=args.fsx_claim,
+                   queue_name=args.queue_name, fsx_volume_handle=args.fsx_volume_handle, fsx_dns_name=args.fsx_dns_name,
+                   fsx_mount_name=args.fsx_mount_name)
 
 
 def _fsx(args: argparse.Namespace) -> dict[str, str]:
@@ -160,13 +178,17 @@ def _run(args: argparse.Namespace) -> int:
             except ManifestError as exc:
                 raise ManifestError([f"{f}: {e}" for e in exc.errors]) from None
             print(f"{f}: valid")
+    elif args.cmd == "preflight":
+        try:
+            findings = check_cluster(_job(args), args.cluster, args.region, access=Access(api_server=args.api_server))
+        except PreflightFailed as failed:
+            for f in failed.findings:
+                print(f"{'ok' if f.ok else 'error'}: {f.line}", file=sys.stdout if f.ok else sys.stderr)
+            return 1
+        print("\n".join(f"ok: {f.line}" for f in findings))
     elif args.cmd == "submit":
-        spec = JobSpec(name=args.name, image=args.image, nodes=args.nodes, mode=args.mode, namespace=args.namespace,
-                       instance_type=args.instance_type, model=args.model, data=args.data, steps=args.steps,
-                       ckpt_interval=args.ckpt_interval,
-                       faults=args.faults, fsx_claim=args.fsx_claim, queue_name=args.queue_name)
-        res = submit(spec, args.cluster, args.region, dry_run=not args.no_dry_run, replace=args.replace,
-                     access=Access(api_server=args.api_server))
+        res = submit(_job(args), args.cluster, args.region, dry_run=not args.no_dry_run, replace=args.replace,
+                     access=Access(api_server=args.api_server, preflight=not args.no_preflight))
         print("\n".join(res.actions) or f"dry run: {len(res.manifests)} objects valid (pass --no-dry-run to submit)")
         print(f"status: {res.status}; goodput: {res.goodput}")
         return 0 if res.status in ("dry-run", "submitted", "Succeeded") else 1

@@ -25,20 +25,19 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+import boto3
 import kubernetes.client
 from kubernetes.client.rest import ApiException
 
 from nvrx_lab.eks.auth import EksError, api_client, explain
+from nvrx_lab.eks.preflight import Finding
+from nvrx_lab.eks.preflight import preflight as run_preflight
 from nvrx_lab.eks.render import render
 from nvrx_lab.eks.spec import JobSpec
 from nvrx_lab.eks.validate import validate
 from nvrx_lab.eks.watch import watch as follow
 from nvrx_lab.net import wait_for
-
-if TYPE_CHECKING:
-    import boto3
 
 
 @dataclass(frozen=True)
@@ -57,12 +56,14 @@ WATCH = Watch()
 
 @dataclass(frozen=True)
 class Access:
-    """How this machine reaches the cluster's Kubernetes API."""
+    """How this machine reaches the cluster's Kubernetes API, and whether it checks the cluster before a submit."""
 
     session: boto3.session.Session | None = None
     """A ``boto3.session.Session`` (credentials, profile); ``None``: boto3's default chain."""
     api_server: str | None = None
     """An endpoint instead of the cluster's own: an SSH tunnel, a proxy to a private endpoint, a test's server."""
+    preflight: bool = True
+    """Run :func:`~nvrx_lab.eks.preflight.preflight` before a submit creates anything (False: skipped, and said so)."""
 
 
 @dataclass
@@ -193,10 +194,12 @@ def _job_gone(batch: kubernetes.client.BatchV1Api, name: str, ns: str) -> bool:
 
 
 def submit(spec: JobSpec, cluster: str, region: str, dry_run: bool = True, *, replace: bool = False,
-           watch: Watch | None = WATCH, echo: Callable[[str], None] = print, access: Access | None = None) -> SubmitResult:
-    """Render and validate ``spec``; unless ``dry_run``, create it on ``cluster`` and follow it as ``watch`` says
-    (``None``: return once it is submitted), rank 0's log lines to ``echo``. An existing Job of the same name is an
-    error unless ``replace`` (it is deleted, and resumes from its checkpoints)."""
+           watch: Watch | None = WATCH, echo: Callable[[str], None] = print,
+           access: Access | None = None) -> SubmitResult:
+    """Render and validate ``spec``; unless ``dry_run``, run :func:`~nvrx_lab.eks.preflight.preflight` (unless
+    ``access.preflight`` is False: said to ``echo``), create it on ``cluster`` and follow it as ``watch`` says
+    (``None``: return once it is submitted), its findings and rank 0's log lines to ``echo``. An existing Job of the
+    same name is an error unless ``replace`` (it is deleted, and resumes from its checkpoints)."""
     manifests = render(spec)
     validate(manifests)
     result = SubmitResult(manifests)
@@ -209,7 +212,14 @@ def submit(spec: JobSpec, cluster: str, region: str, dry_run: bool = True, *, re
         raise EksError(f"submit: workload {spec.workload!r} is not submitted from here; apply it with kubectl apply -f "
                        "(python -m nvrx_lab.eks render writes jobset-<mode>.yaml), or use workload='job'")
     timeout_s = watch.timeout_s if watch else WATCH.timeout_s
-    with _cluster_api(cluster, region, spec.namespace, access or Access()) as api:
+    access = access or Access()
+    with _cluster_api(cluster, region, spec.namespace, access) as api:
+        if access.preflight:
+            for finding in run_preflight(spec, api, access.session or boto3.session.Session()):
+                echo(f"preflight: {finding.line}")
+        else:
+            echo("preflight: skipped (Access(preflight=False)): the image, the volume, the nodes and Pod Security are not "
+                 "checked")
         if not replace and (what := _job_exists(kubernetes.client.BatchV1Api(api), spec)):
             raise EksError(f"Job {spec.namespace}/{spec.name} already exists ({what}): pass replace=True (CLI: --replace) "
                            "to delete it and its pods and start again from its checkpoints, or choose another name")
@@ -237,6 +247,13 @@ def _cluster_api(cluster: str, region: str, namespace: str, access: Access):
         raise explain(exc, cluster, region, namespace) from None
     finally:
         api.close()
+
+
+def check_cluster(spec: JobSpec, cluster: str, region: str, *, access: Access | None = None) -> list[Finding]:
+    """:func:`~nvrx_lab.eks.preflight.preflight` of ``spec`` on ``cluster`` alone (``PreflightFailed`` if one failed)."""
+    access = access or Access()
+    with _cluster_api(cluster, region, spec.namespace, access) as api:
+        return run_preflight(spec, api, access.session or boto3.session.Session())
 
 
 def delete(spec: JobSpec, cluster: str, region: str, *, access: Access | None = None, wait_s: float = 120.0) -> list[str]:
