@@ -63,6 +63,7 @@ class FakeKube(ThreadingHTTPServer):
     def __init__(self, nodes: int):
         super().__init__(("127.0.0.1", 0), Handler)
         self.nodes, self.objects, self.requests, self.polls, self.fail, self.pending = nodes, {}, [], 0, {}, {}
+        self.stuck = False  # True: the pods stay Pending
         self.url = f"http://127.0.0.1:{self.server_address[1]}"
         self.callers = []
         # what preflight reads of a ready cluster: p5 nodes with their GPUs and EFA free, the FSx claim Bound
@@ -144,12 +145,15 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(200, gone) if gone else self._status(404, "not found")
         if path.endswith("/pods"):
             srv.polls += 1
-            phase = "Pending" if srv.polls < 2 else "Running" if srv.polls < 4 else "Succeeded"
+            phase = "Pending" if srv.polls < 2 or srv.stuck else "Running" if srv.polls < 4 else "Succeeded"
             items = [{"metadata": {"name": f"job-{i}-x", "annotations": {"batch.kubernetes.io/job-completion-index": str(i)},
                                    "creationTimestamp": "2025-01-01T00:00:00Z"},
                       "status": {"phase": phase, **(srv.pending if phase == "Pending" else {})}}
                      for i in range(srv.nodes)]
             return self._send(200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items})
+        if path.endswith("/events"):
+            return self._send(200, srv.objects.get(path, {"kind": "EventList", "apiVersion": "v1", "metadata": {},
+                                                         "items": []}))
         if path.endswith("/log"):
             lines = ["node 0 of 2: 8 workers", "step    5  loss 5.1", 'GOODPUT {"training_goodput": 0.87, "faults": 2}', ""]
             return self._send(200, "\n".join(lines).encode(), "text/plain")
@@ -157,7 +161,7 @@ class Handler(BaseHTTPRequestHandler):
             obj = srv.objects.get(path.removesuffix("/status"))
             if obj is None:
                 return self._status(404, "not found")
-            done = srv.polls >= 4
+            done = srv.polls >= 4 and not srv.stuck
             return self._send(200, {**obj, "status": {"succeeded": srv.nodes if done else 0,
                                                        "conditions": [{"type": "Complete", "status": "True"}] if done else []}})
         return self._send(200, srv.objects[path]) if path in srv.objects else self._status(404, "not found")

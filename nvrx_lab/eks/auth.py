@@ -142,7 +142,7 @@ def explain(exc: BaseException, cluster: str, region: str, namespace: str = "") 
             return EksError(f"ResourceQuota exceeded{where}: {msg}; lower nodes/GPUs or ask for a larger quota")
         if exc.status == 403:
             return EksError(f"forbidden{where} (403): {msg or 'no permission'}; the IAM identity's access entry needs "
-                            "get/create/delete on jobs, services, configmaps and get/list on pods and pods/log")
+                            "get/create/delete on jobs, services, configmaps, get/list on pods and pods/log and list on events")
         if exc.status == 422:
             return EksError(f"the API server rejected a manifest (422): {msg}")
         return EksError(f"Kubernetes API error {exc.status} {exc.reason}{where}: {msg}")

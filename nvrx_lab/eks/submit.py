@@ -48,6 +48,10 @@ class Watch:
     """Stop watching after this many seconds (status ``timeout``; the Job runs on)."""
     poll_s: float = 5.0
     """Seconds between two looks at the pods and the Job."""
+    stuck_s: float = 600.0
+    """A pod held back this long by a cause that does not clear by itself (an image that does not pull, a volume that
+    does not mount, a pod that does not schedule: :data:`~nvrx_lab.eks.watch.STUCK`) ends the run: the Job is deleted
+    so its nodes are released (status ``stuck``)."""
 
 
 WATCH = Watch()
@@ -230,7 +234,8 @@ def submit(spec: JobSpec, cluster: str, region: str, dry_run: bool = True, *, re
             result.actions.append(_create_or_replace(api, m, wait_s=min(300.0, timeout_s), replace=replace))
         result.status = "submitted"
         if watch is not None:
-            result.status, result.phases, log = follow(api, spec, watch.timeout_s, watch.poll_s, echo, result.waiting)
+            result.status, result.phases, log = follow(api, spec, watch.timeout_s, watch.poll_s, echo, result.waiting,
+                                                       watch.stuck_s)
             result.goodput, result.log_tail = log.goodput, list(log.tail)
     return result
 

@@ -98,11 +98,31 @@ def waiting_reason(pod) -> str:
     return ""
 
 
-def _report_waiting(pods: dict[int, object], waiting: dict[int, str], say: Callable[[str], None]) -> None:
+STUCK = ("ImagePullBackOff", "ErrImagePull", "InvalidImageName", "CreateContainerConfigError", "CreateContainerError",
+         "Unschedulable", "FailedMount", "FailedAttachVolume", "FailedScheduling")
+"""Reasons a pod waits that do not clear by themselves: after :attr:`~nvrx_lab.eks.submit.Watch.stuck_s` the run ends."""
+EVENT_REASONS = ("FailedMount", "FailedAttachVolume", "FailedScheduling")
+"""Why a pod is held back that only its Events say (a pod in ``ContainerCreating`` whose volume does not mount)."""
+
+
+def event_reason(core, namespace: str, pod) -> str:
+    """The newest Warning Event of ``pod`` among :data:`EVENT_REASONS` (``FailedMount: …``), or ''."""
+    events = core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={pod.metadata.name}")
+    warned = [e for e in events.items if e.type == "Warning" and e.reason in EVENT_REASONS
+              and e.involved_object.name == pod.metadata.name]
+    newest = max(warned, key=lambda e: str(e.last_timestamp or e.event_time or ""), default=None)
+    return f"{newest.reason}: {newest.message}" if newest else ""
+
+
+def _report_waiting(pods: dict[int, object], waiting: dict[int, str], say: Callable[[str], None], core=None,
+                    namespace: str = "") -> None:
     """Update ``waiting`` from pending ``pods``; say each new reason once, with the indexes it holds back."""
     fresh: dict[str, list[int]] = {}
     for index, pod in sorted(pods.items()):
-        reason = waiting_reason(pod) if pod.status.phase in (None, "Pending") else ""
+        pending = pod.status.phase in (None, "Pending")
+        reason = waiting_reason(pod) if pending else ""
+        if pending and core is not None and (not reason or reason.startswith("ContainerCreating")):
+            reason = event_reason(core, namespace, pod) or reason
         if reason and waiting.get(index) != reason:
             fresh.setdefault(reason, []).append(index)
         if reason:
@@ -122,7 +142,7 @@ def _look(core, batch, spec: JobSpec, phases: dict[int, str], waiting: dict[int,
         phases[index], latest[index] = pod.status.phase or "Pending", pod
         if index == 0 and phases[0] in ("Running", "Succeeded", "Failed"):
             log.follow(pod.metadata.name)
-    _report_waiting(latest, waiting, tqdm.write)
+    _report_waiting(latest, waiting, tqdm.write, core, spec.namespace)
     bar.n = sum(p in ("Running", "Succeeded") for i, p in phases.items() if i >= 0)
     bar.set_postfix_str(" ".join(f"{i}:{p}" for i, p in sorted(phases.items())), refresh=True)
     st = batch.read_namespaced_job_status(spec.name, spec.namespace).status
@@ -132,20 +152,46 @@ def _look(core, batch, spec: JobSpec, phases: dict[int, str], waiting: dict[int,
     return "Failed" if conds.get("Failed") == "True" else None
 
 
+class _Stuck:
+    """Since when each index has waited for a :data:`STUCK` reason; once one has for ``stuck_s``, the run is stuck."""
+
+    def __init__(self, stuck_s: float):
+        self.stuck_s, self.since = stuck_s, {}
+
+    def verdict(self, waiting: dict[int, str]) -> str | None:
+        now = time.monotonic()
+        stuck = {i: r for i, r in waiting.items() if r.split(":")[0] in STUCK}
+        self.since = {i: self.since.get(i, now) for i in stuck}
+        late = sorted(i for i, t in self.since.items() if now - t >= self.stuck_s)
+        return f"index {late[0]}: {stuck[late[0]]}" if late else None
+
+
 def watch(api: kubernetes.client.ApiClient, spec: JobSpec, timeout_s: float, poll_s: float,
-          echo: Callable[[str], None], waiting: dict[int, str] | None = None) -> tuple[str, dict[int, str], _Rank0Log]:
+          echo: Callable[[str], None], waiting: dict[int, str] | None = None,
+          stuck_s: float = float("inf")) -> tuple[str, dict[int, str], _Rank0Log]:
     """Follow the Job of ``spec`` until it ends or ``timeout_s`` passes (status ``timeout``), a look every ``poll_s``:
-    (its status, each index's phase, rank 0's log)."""
+    (its status, each index's phase, rank 0's log). A pod held back for ``stuck_s`` by a :data:`STUCK` reason ends
+    it (status ``stuck``): the Job is deleted, so the nodes it holds are released, and one line says why."""
     core, batch = kubernetes.client.CoreV1Api(api), kubernetes.client.BatchV1Api(api)
     log = _Rank0Log(core, spec.namespace, echo)
     phases: dict[int, str] = {}
     waiting = {} if waiting is None else waiting
-    deadline = time.monotonic() + timeout_s
+    deadline, stuck, why = time.monotonic() + timeout_s, _Stuck(stuck_s), []
+
+    def look() -> str | None:
+        if (ended := _look(core, batch, spec, phases, waiting, log, bar)) is None and (cause := stuck.verdict(waiting)):
+            why.append(cause)
+            return "stuck"
+        return ended
+
     with tqdm(total=spec.nodes, desc=f"{spec.name} pods running", unit="pod") as bar:
         try:
-            status = wait_for(lambda: _look(core, batch, spec, phases, waiting, log, bar), timeout_s,
-                              f"Job/{spec.name} to end", interval=poll_s)
+            status = wait_for(look, timeout_s, f"Job/{spec.name} to end", interval=poll_s)
         except TimeoutError:
             status = "timeout"
+    if status == "stuck":
+        batch.delete_namespaced_job(spec.name, spec.namespace, propagation_policy="Background")
+        echo(f"stuck: {why[0]} for {stuck_s:g} s; deleted Job/{spec.name} and its pods so the nodes are released "
+             "(fix the cause and submit again)")
     log.join(timeout=max(1.0, min(30.0, deadline - time.monotonic())))
     return status, phases, log
