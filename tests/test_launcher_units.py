@@ -218,3 +218,21 @@ def test_in_process_restart_keeps_the_ranks_whose_loss_would_restart_the_group_a
     assert inprocess_floor(1, LaunchEnv.read({**env, "NVRX_LAB_LAUNCHER_TOLERATES": "2"})) == 14
     assert "at least 14 of 16 ranks" in capsys.readouterr().out
     assert inprocess_floor(15, LaunchEnv.read({**env, "NVRX_LAB_LAUNCHER_TOLERATES": "2"})) == 15
+
+
+def test_a_launcher_whose_rendezvous_another_node_closed_does_not_exit_0(capsys):
+    """torch's agent returns nothing after a graceful rendezvous exit (another node finished or gave up first): exit 0
+    would mark this Kubernetes index Succeeded for good; the launcher exits 3 and says why in one line."""
+    from types import SimpleNamespace
+
+    from nvrx_lab.launcher.__main__ import RENDEZVOUS_CLOSED, exit_status
+    from nvrx_lab.launcher.restart_log import RestartLog
+
+    log = RestartLog(None, 3)
+    assert exit_status(None, None, log, 3) == RENDEZVOUS_CLOSED == 3
+    assert log.lines == ["[nvrx-lab-launch] the rendezvous was closed by another node (it finished or gave up) before "
+                         "this node's workers finished: exit 3, not 0, so this node is not counted as done"]
+    done, failed = (SimpleNamespace(state=SimpleNamespace(name=n)) for n in ("SUCCEEDED", "FAILED"))
+    assert exit_status(done, None, log, 3) == 0 and exit_status(failed, None, log, 3) == 1
+    assert exit_status(failed, SimpleNamespace(exit_code=2), log, 3) == 2
+    assert log.lines[-1] == "[nvrx-lab-launch] workers failed after 3 restart(s); giving up"

@@ -127,11 +127,27 @@ def _launch(config: LaunchConfig, cmd: str, cmd_args: list[str], settings: Launc
         if zygote is not None:
             zygote.close()
         shutil.rmtree(directory, ignore_errors=True)
-    if result is None or result.state.name not in ("FAILED", "UNHEALTHY"):
+    return exit_status(result, agent.usage_error if agent is not None else None, restart_log, config.max_restarts)
+
+
+RENDEZVOUS_CLOSED = 3
+"""The exit status of a launcher whose rendezvous another node closed before this one finished: not a success (on
+Kubernetes an index that exits 0 is Succeeded for good), not a usage error (2)."""
+
+
+def exit_status(result, usage_error, restart_log, max_restarts: int) -> int:
+    """The launcher's exit status from torch's agent's ``result``: 0 when the workers succeeded; a usage error's own;
+    :data:`RENDEZVOUS_CLOSED` when torch's agent returned nothing (the rendezvous was closed by another node, which
+    finished or gave up, before this one trained to the end: said in one line); 1 when the workers failed."""
+    if result is None:
+        restart_log.say(f"the rendezvous was closed by another node (it finished or gave up) before this node's workers "
+                        f"finished: exit {RENDEZVOUS_CLOSED}, not 0, so this node is not counted as done")
+        return RENDEZVOUS_CLOSED
+    if result.state.name not in ("FAILED", "UNHEALTHY"):
         return 0
-    if agent is not None and agent.usage_error is not None:
-        return agent.usage_error.exit_code
-    restart_log.say(f"workers failed after {config.max_restarts} restart(s); giving up")
+    if usage_error is not None:
+        return usage_error.exit_code
+    restart_log.say(f"workers failed after {max_restarts} restart(s); giving up")
     return 1
 
 
