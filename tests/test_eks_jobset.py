@@ -40,6 +40,8 @@ def test_every_mode_renders_a_jobset_that_validates_against_the_crd(mode):
         {"name": "usage-error", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}]
     affinity = rj["template"]["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]  # one pod per node
     assert affinity["requiredDuringSchedulingIgnoredDuringExecution"][0]["topologyKey"] == "kubernetes.io/hostname"
+    zone = rj["template"]["spec"]["template"]["spec"]["affinity"]["podAffinity"]  # and one zone: EFA does not cross
+    assert zone["requiredDuringSchedulingIgnoredDuringExecution"][0]["topologyKey"] == "topology.kubernetes.io/zone"
     assert "alpha.jobset.sigs.k8s.io/exclusive-topology" not in js["metadata"].get("annotations", {})
 
 

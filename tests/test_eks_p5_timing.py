@@ -146,3 +146,17 @@ def test_kueue_queue_label_on_the_workload_only():
     assert js["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "p5-queue"  # Kueue admits the JobSet, not its child
     assert "kueue.x-k8s.io/queue-name" not in js["spec"]["replicatedJobs"][0]["template"]["metadata"]["labels"]
     assert "kueue.x-k8s.io/queue-name" not in find(render(JobSpec(name="a", image="i")), "Job")[0]["metadata"]["labels"]
+
+
+def test_every_pod_lands_in_one_zone_the_first_pods_or_the_one_named():
+    """EFA does not cross Availability Zones: without ``zone`` the pods follow the first one's zone (pod affinity to
+    the job's own pods, which the first pod satisfies by itself); with it, a node selector; no EFA, no constraint."""
+    def pod(**kw):
+        return find(render(JobSpec(name="a", image="i", **kw)), "Job")[0]["spec"]["template"]["spec"]
+
+    terms = pod()["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms == [{"labelSelector": {"matchLabels": {"app.kubernetes.io/instance": "a"}},
+                      "topologyKey": "topology.kubernetes.io/zone"}]
+    named = pod(zone="us-west-2b")
+    assert named["nodeSelector"]["topology.kubernetes.io/zone"] == "us-west-2b" and "podAffinity" not in named["affinity"]
+    assert "podAffinity" not in pod(instance_type="g5.xlarge")["affinity"]  # no EFA

@@ -116,8 +116,10 @@ def _check_replicas(s: JobSpec) -> None:
 
 
 def _check_node(s: JobSpec) -> None:
-    """What one pod takes of its instance type."""
+    """What one pod takes of its instance type, and where."""
     t = instance_type(s.instance_type)
+    if s.zone and not re.match(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$", s.zone):
+        _fail("zone", f"{s.zone!r}; allowed: an Availability Zone name like us-west-2b, or '' (the first pod's)")
     if s.gpus_per_node is not None and not (1 <= s.gpus_per_node <= t.gpus):
         _fail("gpus_per_node", f"{s.gpus_per_node} GPUs do not fit a {t.name} ({t.gpus} x {t.gpu}); allowed: 1..{t.gpus}")
     if s.efa_per_node is not None and not (0 <= s.efa_per_node <= t.efa):

@@ -9,8 +9,9 @@ Service and the Indexed Job. The pod template is where the modes meet the hardwa
   DNS name ``<job>-i.<job>``. Rank 0 is ``<job>-0.<job>`` for 2 nodes or 128.
 * **Devices** — ``nvidia.com/gpu`` and ``vpc.amazonaws.com/efa`` and memory with limits = requests; CPU
   is requested without a limit (a limit is a CFS quota that throttles bursts, ``JobSpec.cpu_limit``);
-  one pod per node (pod anti-affinity), ``/dev/shm`` as a memory emptyDir sized from the training
-  state (staging + local copies, :attr:`JobSpec.shm`), local checkpoints on NVMe when asked.
+  one pod per node (pod anti-affinity) and all in one zone (EFA does not cross zones), ``/dev/shm`` as a memory
+  emptyDir sized from the training state (staging + local copies, :attr:`JobSpec.shm`), local checkpoints on NVMe
+  when asked.
 * **Node loss** — ``not-ready``/``unreachable`` tolerated for ``node_lost_toleration_s`` (60 s), not
   Kubernetes' 300 s: a lost node's pod is replaced 4 minutes sooner.
 * **Privileges** — capability ``IPC_LOCK`` (EFA pins memory) and nothing else: never
@@ -188,6 +189,18 @@ def tolerations(s: JobSpec) -> list[dict]:
               for k in NODE_LOST_TAINTS)]
 
 
+def affinity(s: JobSpec) -> dict:
+    """One pod per node, and every pod in one Availability Zone (EFA does not cross zones): the zone of ``s.zone``, or
+    else the zone the job's first pod landed in (a pod may match its own affinity term, so the first one schedules)."""
+    job_pods = {"matchLabels": {"app.kubernetes.io/instance": s.name}}
+    out = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": job_pods, "topologyKey": "kubernetes.io/hostname"}]}}
+    if not s.zone and s.efa:
+        out["podAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": job_pods, "topologyKey": "topology.kubernetes.io/zone"}]}
+    return out
+
+
 def pod_template(s: JobSpec) -> dict:
     """The pod of every completion index (also the JobSet's child Job's)."""
     pod_spec: dict = {
@@ -196,11 +209,10 @@ def pod_template(s: JobSpec) -> dict:
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": s.termination_grace_s,
-        "nodeSelector": {"node.kubernetes.io/instance-type": s.instance_type},
+        "nodeSelector": {"node.kubernetes.io/instance-type": s.instance_type,
+                         **({"topology.kubernetes.io/zone": s.zone} if s.zone else {})},
         "tolerations": tolerations(s),
-        "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-            {"labelSelector": {"matchLabels": {"app.kubernetes.io/instance": s.name}},
-             "topologyKey": "kubernetes.io/hostname"}]}},
+        "affinity": affinity(s),
         "containers": [container(s)],
         "volumes": volumes(s),
     }

@@ -57,6 +57,10 @@ class JobSpec:
     """EC2 type of the nodes (node selector); sizes GPUs, EFA, CPU and memory from :mod:`~nvrx_lab.eks.instances`."""
     gpus_per_node: int | None = None
     """GPUs per pod = worker processes per node; ``None``: all of the instance type's."""
+    zone: str = ""
+    """Availability Zone of every pod (node selector ``topology.kubernetes.io/zone``, e.g. ``us-west-2b``, where the
+    capacity reservation is); empty: the zone the job's first pod lands in (pod affinity), since EFA does not cross
+    zones."""
     efa_per_node: int | None = None
     """EFA interfaces per pod; ``None``: all of the instance type's (0 disables the EFA settings)."""
     shm_gib: int = 0
