@@ -75,6 +75,16 @@ def test_render_with_all_three_fsx_flags_uses_them(tmp_path):
     assert not list(tmp_path.glob(".*.tmp"))
 
 
+def test_render_puts_every_job_in_a_kueue_queue_and_sizes_them_for_a_model(tmp_path):
+    assert eks_main(["render", "--out", str(tmp_path), "--queue-name", "p5", "--model", "llama3.1-8b",
+                     "--data", "/fsx/data/llama3"]) == 0
+    jobs = sorted(tmp_path.glob("job*.yaml"))
+    assert jobs and all("kueue.x-k8s.io/queue-name: p5" in p.read_text() for p in jobs)
+    assert "--model=llama3.1-8b" in (tmp_path / "job-ft-launcher.yaml").read_text()
+    assert eks_main(["render", "--out", str(tmp_path / "bad"), "--queue-name", "team a"]) == 2
+    assert not (tmp_path / "bad").exists()
+
+
 @pytest.mark.parametrize("argv, expected", [
     (["render", "--name", "Bad_Name"], "render: unrecognized arguments: --name Bad_Name"),  # never taken as --namespace
     (["render", "--names", "x"], "render: unrecognized arguments: --names x"),

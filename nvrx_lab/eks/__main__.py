@@ -57,6 +57,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--model", default="tiny", help="model preset of the modes' jobs (default: tiny; the Llama 3.1 8B "
                                                    "16-node job is rendered beside them)")
     r.add_argument("--data", default="", help="token file on FSx the modes' jobs train on (default: synthetic tokens)")
+    r.add_argument("--queue-name", default="", help="Kueue LocalQueue of every job (label kueue.x-k8s.io/queue-name; "
+                                                    "default: none)")
     r.add_argument("--namespace", default="nvrx-lab", help="namespace of the jobs")
     fsx = "; all three FSx flags together, or none for the example values"
     r.add_argument("--fsx-id", dest="fsx_volume_handle", help="FSx for Lustre file system id (fs-…)" + fsx)
@@ -163,7 +165,8 @@ def _run(args: argparse.Namespace) -> int:
     """The command ``args.cmd``; exceptions go to :func:`main`, which prints them as one line."""
     if args.cmd == "render":
         files = manifest_files(nodes=args.nodes, image=args.image, instance_type=args.instance_type,
-                               namespace=args.namespace, model=args.model, data=args.data, **_fsx(args))
+                               namespace=args.namespace, model=args.model, data=args.data, queue_name=args.queue_name,
+                               **_fsx(args))
         counts = {}
         for name, text in files.items():  # validate everything before writing anything
             docs = [d for d in yaml.safe_load_all(text) if d]
