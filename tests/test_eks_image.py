@@ -121,3 +121,11 @@ def test_entrypoint_puts_the_compat_libraries_first_only_for_an_older_driver(tmp
         assert "LD=/usr/lib/x\n" in out.stdout and "natively" in out.stdout, out
     missing = _entrypoint_env(tmp_path, "570.1", None)
     assert "LD=/usr/lib/x\n" in missing.stdout and "cuda-compat: not used" in missing.stdout
+
+
+def test_the_build_fails_when_nccls_ofi_plugin_misses_a_library():
+    """Every ``libnccl-net*.so`` of aws-ofi-nccl is ``ldd``-checked in the build: a ``not found`` line (but the
+    driver's libcuda, mounted at run time) fails it, instead of 128 ranks failing at NCCL's start."""
+    run = next(block for block in DOCKERFILE.split("\nRUN ") if "efa_installer.sh" in block)
+    assert 'ldd "$so" | grep \'not found\' | grep -v \'libcuda\\.so\'' in run and "exit 1" in run
+    assert run.index("efa_installer.sh") < run.index("ldd")
