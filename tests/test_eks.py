@@ -119,7 +119,8 @@ def test_validate_reports_every_violation_with_its_path():
      "local_ckpt_on_nvme=True"),
     (dict(model="llama3.1-70b", nodes=16), "fsx_capacity_gib", "kept checkpoints and one being written (847 GB each); "
                                                                "allowed: >= 4800"),
-    (dict(model="llama3.1-70b", nodes=16, fsx_capacity_gib=4800), "pg_timeout", "a save of llama3.1-70b on this FSx takes 722 s"),
+    (dict(model="llama3.1-70b", nodes=16, fsx_capacity_gib=4800, pg_timeout=900), "pg_timeout",
+     "a save of llama3.1-70b on this FSx takes 722 s"),
     (dict(fsx_mbps_per_tib=2000), "fsx_mbps_per_tib", "50..1000"),
     (dict(zone="use1-az1"), "zone", "like us-west-2b"),
     (dict(model="llama3.1-70b"), "model", "needs 90.8 GB a GPU"),

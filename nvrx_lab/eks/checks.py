@@ -182,8 +182,9 @@ def _check_training(s: JobSpec) -> None:
         _fail("ckpt_interval", f"{s.ckpt_interval}; allowed: >= 1 (or ckpt='none')")
     _check_local(s)
     _check_faults(s, world)
-    if isinstance(s.pg_timeout, bool) or not isinstance(s.pg_timeout, (int, float)) or not s.pg_timeout > 0:
-        _fail("pg_timeout", f"{s.pg_timeout!r}; allowed: seconds > 0 (default 900)")
+    if s.pg_timeout is not None and (isinstance(s.pg_timeout, bool) or not isinstance(s.pg_timeout, (int, float))
+                                     or not s.pg_timeout > 0):
+        _fail("pg_timeout", f"{s.pg_timeout!r}; allowed: seconds > 0, or None (per mode)")
     managed = MANAGED_TRAIN_FLAGS + (("--local-ckpt-dir",) if s.local_ckpt_on_nvme else ())
     for flag in s.train_extra:
         if flag.split("=")[0] in managed:
@@ -221,8 +222,8 @@ def _check_launcher(s: JobSpec) -> None:
         _fail("launcher.metrics_file", f"{c.metrics_file!r}; allowed: None (restart events join the run's "
                                        "<mount_path>/<name>/metrics.jsonl)")
     longest = max(s.rendered_launcher.section_timeouts.values(), default=0.0)
-    if s.mode_info.uses_launcher and s.pg_timeout < longest:
-        _fail("pg_timeout", f"{s.pg_timeout:g} s is shorter than the longest section timeout ({longest:g} s): a "
+    if s.mode_info.uses_launcher and s.collective_timeout < longest:
+        _fail("pg_timeout", f"{s.collective_timeout:g} s is shorter than the longest section timeout ({longest:g} s): a "
                             "collective would time out while the launcher still waits; allowed: >= the section timeouts"
                             + ("" if "checkpoint" in c.section_timeouts else f" (a save of {s.model} on this FSx takes "
                                f"{save_seconds(s):,.0f} s: fsx_mbps_per_tib or fsx_capacity_gib make it shorter)"))

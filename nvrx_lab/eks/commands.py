@@ -94,7 +94,8 @@ def train_worker(s: JobSpec) -> Worker:
                          seed=s.seed, global_batch=s.batch, metrics="${RUN_DIR}/replica${REPLICA_ID}.jsonl",
                          run_id=f"{s.name}-g${{REPLICA_ID}}",
                          ckpt=s.ckpt_mode, ckpt_interval=s.ckpt_interval if stored else None,
-                         ckpt_dir="${RUN_DIR}/ckpt" if stored else None, pg_timeout=f"{s.pg_timeout:g}", restart="replicas",
+                         ckpt_dir="${RUN_DIR}/ckpt" if stored else None, pg_timeout=f"{s.collective_timeout:g}",
+                         restart="replicas",
                          coordinator="${COORDINATOR_HOST}:${COORDINATOR_PORT}", replica_id="${REPLICA_ID}",
                          replicas=s.replica_groups, faults=s.faults or None)
     return Worker.of(s.train_module, *s.train_extra, model=s.model, data=s.data or None, steps=s.steps, seed=s.seed,
@@ -102,7 +103,7 @@ def train_worker(s: JobSpec) -> Worker:
                      ckpt_interval=s.ckpt_interval,
                      ckpt_dir="${RUN_DIR}/ckpt", local_ckpt_interval=s.local_ckpt_interval or None,
                      local_ckpt_dir="${LOCAL_CKPT_DIR}" if s.local_ckpt_on_nvme else None,
-                     pg_timeout=f"{s.pg_timeout:g}", restart=s.mode_info.restart, faults=s.faults or None)
+                     pg_timeout=f"{s.collective_timeout:g}", restart=s.mode_info.restart, faults=s.faults or None)
 
 
 def _launcher_why(s: JobSpec) -> dict[str, str]:

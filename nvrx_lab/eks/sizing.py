@@ -62,6 +62,21 @@ def save_seconds(s: JobSpec) -> float:
     return sizing(s).checkpoint / (s.fsx_capacity_gib / 1024 * s.fsx_mbps_per_tib * 1e6)
 
 
+SHORTEST_COLLECTIVE_TIMEOUT = 300.0
+"""Seconds: a collective at NCCL's start-up on 16+ nodes (a communicator over EFA) takes well under it."""
+
+
+def collective_timeout(s: JobSpec) -> float:
+    """``--pg-timeout`` for a spec that sets none: a hang holds every node this long, so as short as the mode allows.
+    Under the launcher at least its longest section timeout (a rank inside a section may keep the others waiting in a
+    collective that long); with blocking saves (``ckpt='sync'``) at least the ``checkpoint`` section (every rank waits
+    for the slowest writer); else :data:`SHORTEST_COLLECTIVE_TIMEOUT`."""
+    sections = s.rendered_launcher.section_timeouts
+    floor = max(sections.values(), default=0.0) if s.mode_info.uses_launcher else 0.0
+    blocking = sections.get("checkpoint", 0.0) if s.ckpt_mode == "sync" else 0.0
+    return max(SHORTEST_COLLECTIVE_TIMEOUT, floor, blocking)
+
+
 def with_save_timeout(s: JobSpec):
     """``s.launcher``, whose ``checkpoint`` section, where it sets none, lasts twice :func:`save_seconds` in whole
     minutes and 600 s at least (600 s without checkpoints, or with a model the checks refuse)."""

@@ -108,9 +108,10 @@ class JobSpec:
     """Local checkpoints in a disk-backed emptyDir instead of ``/dev/shm``: for node groups whose instance-store NVMe
     drives back the kubelet's ephemeral storage (EKS AL2023 ``nodeadm`` ``localStorage: RAID0``, Bottlerocket's
     ephemeral storage); the pod then requests that much ``ephemeral-storage``, and ``/dev/shm`` stays small."""
-    pg_timeout: float = 900.0
-    """Trainer ``--pg-timeout``: seconds before a collective gives up. At least the longest section timeout (a blocking
-    save on FSx), and long enough for NCCL's start-up at 16+ nodes (torch's own default is 600 s)."""
+    pg_timeout: float | None = None
+    """Trainer ``--pg-timeout``: seconds before a collective gives up, so how long a hang holds every node. ``None``: per
+    mode (:func:`nvrx_lab.eks.sizing.collective_timeout`): under the launcher its longest section timeout, with
+    blocking saves twice a save, else 300 s (NCCL's start-up at 16+ nodes takes well under it)."""
     faults: str = ""
     """Trainer ``--faults`` schedule ``RANK:STEP:KIND[:PHASE],…`` (:func:`nvrx_lab.faults.parse_schedule`); each
     RANK below nodes x GPUs, each STEP in 1..steps (empty: no injected faults)."""
@@ -235,6 +236,10 @@ class JobSpec:
     @property
     def state_gib_per_gpu(self) -> float:
         return sizing.checkpointed_gib(self)
+
+    @property
+    def collective_timeout(self) -> float:
+        return self.pg_timeout if self.pg_timeout is not None else sizing.collective_timeout(self)
 
     @property
     def rendered_launcher(self) -> LauncherConfig:
