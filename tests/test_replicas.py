@@ -27,7 +27,7 @@ from nvrx_lab.replicas import ledger
 from nvrx_lab.replicas.config import ReplicaConfig
 from nvrx_lab.replicas.coordinator import Coordinator
 from nvrx_lab.replicas.fingerprint import fingerprint
-from nvrx_lab.replicas.protocol import VERSION, Quorum, StepShares, layout, rank_part, share
+from nvrx_lab.replicas.protocol import VERSION, Quorum, StepShares, layout, layout_mismatch, rank_part, share
 from nvrx_lab.train.main import main as train_main
 
 TINY = ["--seq-len", "16", "--dim", "32", "--n-layers", "1", "--n-heads", "2", "--hidden-dim", "64",
@@ -501,6 +501,9 @@ def test_a_group_whose_gradients_have_another_layout_is_refused_by_name(capsys):
     assert "replica 1's model and batch differ from replica 0's" in said[1]["why"] and "'numel': (144, 72)" in said[1]["why"]
     assert not coord.members[1].alive and coord.quorum is None  # replica 0 waits for a group it can sum with
     assert capsys.readouterr().err.count("error:") == 1
+    text = layout(dict(small.named_parameters()), 2, global_batch=12, seq_len=16, data="/fsx/a", seed=0)
+    why = layout_mismatch(1, {**text, "digest": "x", "data": "/fsx/b"}, 0, text)
+    assert "'data': ('/fsx/b', '/fsx/a')" in why and "--data, --seed" in why  # another token file: refused by name
 
 
 def _back(coord, replica: int, committed: int | None, qid: int, joined: int, ranks: int = 1,

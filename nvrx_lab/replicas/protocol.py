@@ -151,7 +151,8 @@ def layout_mismatch(replica: int, layout: dict, first: int, want: dict) -> str |
     differ = {k: (layout.get(k), want.get(k)) for k in sorted((set(want) | set(layout)) - {"digest"})
               if layout.get(k) != want.get(k)} or {"parameter names": "differ"}
     return (f"replica {replica}'s model and batch differ from replica {first}'s, so their gradients cannot be summed: "
-            f"{differ} (every group must run the same model flags, --global-batch, --seq-len and ranks per group)")
+            f"{differ} (every group must run the same model flags, --global-batch, --seq-len, --data, --seed and ranks per "
+            "group)")
 
 
 def share(global_batch: int, parts: int, index: int) -> range:

@@ -64,7 +64,8 @@ def _loop(cfg: TrainConfig, attempt: Attempt, ckpt: Checkpointer | None) -> Repl
                              emit=attempt.events.emit) if faults else None
     loop = ReplicaLoop(state, _compute(state, attempt.device), rc, group, steps=cfg.steps, global_batch=cfg.global_batch,
                        ckpt=ckpt, before_step=injector.catch_up if injector else None,
-                       settings={"seq_len": cfg.model.seq_len}, sample_ids=lambda step: state.data.sample_ids(step - 1))
+                       settings={"seq_len": cfg.model.seq_len, "data": cfg.data or "synthetic", "seed": cfg.seed},
+                       sample_ids=lambda step: state.data.sample_ids(step - 1))
     if loop.healing:
         _warm_up(state, attempt)
     elif ckpt is not None:
