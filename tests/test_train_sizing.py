@@ -13,8 +13,9 @@ import torch
 
 from nvrx_lab.gpucheck.throughput import model_flops_per_token, peak_flops
 from nvrx_lab.observe.events import read_events
+from nvrx_lab.shapes import PRESETS, parameters, units
+from nvrx_lab.sizing import CHECKPOINT, state_size
 from nvrx_lab.train.model import ModelConfig, Transformer, parameter_count
-from nvrx_lab.train.sizing import CHECKPOINT, state_size, units
 
 TINY = ["-m", "nvrx_lab.train", "--log-every", "0", "--global-batch", "4", "--steps", "2"]
 
@@ -37,6 +38,18 @@ def test_the_state_of_llama_8b_on_16_p5_nodes_by_arithmetic():
     assert tied == 128256 * 2048 + 2048  # a tied head is the embedding: counted once
     with pytest.raises(ValueError, match="shards must be >= 1, got 0"):
         state_size(cfg, 0)
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_the_torch_free_count_is_the_models_own(preset):
+    """:func:`nvrx_lab.shapes.parameters` (arithmetic, what the EKS layer sizes pods by) equals the parameters of the
+    trainer's model built on the meta device; the EKS layer keeps the trainer's number of kept checkpoints."""
+    from nvrx_lab.eks.sizing import KEEP
+    from nvrx_lab.train.config import TrainConfig
+
+    cfg = ModelConfig(preset=preset)
+    assert parameters(cfg) == parameter_count(cfg)
+    assert KEEP == TrainConfig().checkpoint.storage.keep_last
 
 
 @pytest.mark.timeout(300)

@@ -1,4 +1,4 @@
-"""A job's training state per GPU, by arithmetic (:mod:`nvrx_lab.train.sizing`): it sizes a pod's ``/dev/shm`` (the
+"""A job's training state per GPU, by arithmetic (:mod:`nvrx_lab.sizing`): it sizes a pod's ``/dev/shm`` (the
 async checkpoint's staging, the local checkpoints) and the launcher's ``checkpoint`` section (a blocking save at the
 FSx file system's throughput), and :func:`check_model` refuses a job whose state does not fit a GPU or whose kept
 checkpoints do not fit the FSx. A parameter is sharded over a group's GPUs (FSDP), or over a group's GPUs / N with
@@ -12,12 +12,12 @@ import math
 from typing import TYPE_CHECKING
 
 from nvrx_lab.eks.instances import instance_type
-from nvrx_lab.train.config import TrainConfig
-from nvrx_lab.train.model import ModelConfig
-from nvrx_lab.train.sizing import CHECKPOINT, StateSize, state_size
+from nvrx_lab.shapes import ModelConfig
+from nvrx_lab.sizing import CHECKPOINT, StateSize, state_size
 
-KEEP = TrainConfig().checkpoint.storage.keep_last
-"""Checkpoints the trainer keeps on FSx (``--ckpt-keep``'s default)."""
+KEEP = 3
+"""Checkpoints the trainer keeps on FSx (``--ckpt-keep``'s default; a test holds the two equal: the EKS layer does
+not import the trainer)."""
 GPU_SHARE = 0.8
 """Share of a GPU's memory the training state and what the model holds whole may take (the rest: activations at
 activation checkpointing, NCCL's buffers, the allocator's slack)."""

@@ -21,7 +21,7 @@ from nvrx_lab.eks.instances import InstanceType, instance_type, pod_resources
 from nvrx_lab.eks.launcher_settings import launcher_for, pod_launcher
 from nvrx_lab.eks.modes import Mode, mode
 from nvrx_lab.runner import LauncherConfig
-from nvrx_lab.train.sizing import StateSize
+from nvrx_lab.sizing import StateSize
 
 
 @dataclass
