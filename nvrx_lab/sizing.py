@@ -68,6 +68,12 @@ class StateSize:
         return self.weights + self.grads + self.optimizer + self.staging
 
     @property
+    def on_device(self) -> float:
+        """What a GPU holds before activations: weights, gradients, moments and what the model holds whole while it
+        computes (the async staging is host memory)."""
+        return self.weights + self.grads + self.optimizer + self.transient
+
+    @property
     def peak(self) -> float:
         return self.state + self.transient
 

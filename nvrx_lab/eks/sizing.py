@@ -100,7 +100,7 @@ def check_model(s: JobSpec) -> None:
                       "empty for synthetic tokens")
     gpu_gb = instance_type(s.instance_type).gpu_gb
     size = s.sizing
-    held = size.weights + size.grads + size.optimizer + size.transient
+    held = size.on_device
     room = GPU_SHARE * gpu_gb * 1e9
     if held > room:
         per_node = s.shards / s.nodes  # ranks a parameter is sharded over, per node

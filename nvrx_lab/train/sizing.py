@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from nvrx_lab.sizing import state_size
+from nvrx_lab.train.state import precision
 
 
 def resident_bytes() -> tuple[int, int]:
@@ -27,7 +28,7 @@ class Sizer:
         import torch
 
         self.attempt = attempt
-        bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and attempt.device.type == "cuda")
+        bf16 = precision(cfg, attempt.device) == "bf16"
         self.size = state_size(cfg.model, attempt.world_size // cfg.replicate, bf16, cfg.checkpoint.mode == "async")
         self.before = resident_bytes()[0]
         if attempt.device.type == "cuda":
