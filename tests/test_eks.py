@@ -24,7 +24,7 @@ FSX = dict(fsx_volume_handle="fs-0123456789abcdef0", fsx_dns_name="fs-0123456789
 
 
 def spec(**kw) -> JobSpec:
-    return JobSpec(**{"name": "llama-ft", "image": "repo/nvrx-lab:1", **kw})
+    return JobSpec(**{"name": "llama-ft", "image": "repo/nvrx-lab:1", "workload": "job", **kw})  # auto: a JobSet from 4 nodes
 
 
 def job_of(ms):

@@ -72,6 +72,18 @@ def test_the_vendored_schema_says_where_it_comes_from():
     assert {"replicatedJobs", "failurePolicy", "network"} <= set(schema["properties"]["spec"]["properties"])
 
 
+def test_auto_is_a_jobset_from_four_nodes_up_with_blocking_recreate():
+    auto = JobSpec(name="a", image="i", nodes=4)
+    assert [m["kind"] for m in render(auto)][-1] == "JobSet" and auto.rank0_host == "a-node-0-0.a"
+    assert find(render(auto), "JobSet")[0]["spec"]["failurePolicy"]["restartStrategy"] == "BlockingRecreate"
+    assert [m["kind"] for m in render(JobSpec(name="a", image="i", nodes=3))][-2:] == ["Service", "Job"]
+    assert [m["kind"] for m in render(JobSpec(name="a", image="i", nodes=16, workload="job"))][-1] == "Job"
+    replicas = JobSpec(name="a", image="i", nodes=4, mode="replicas")  # a JobSet would restart the survivors
+    assert replicas.workload_kind == "job"
+    with pytest.raises(ValueError, match="JobSpec.workload: 'jobset'"):
+        JobSpec(name="a", image="i", nodes=4, mode="replicas", workload="jobset")
+
+
 def test_child_job_and_pod_names_are_the_jobset_controllers(tmp_path):
     s = _spec(nodes=3)
     js = find(render(s), "JobSet")[0]
@@ -99,6 +111,10 @@ def test_local_run_recreates_the_whole_group_up_to_max_restarts(tmp_path):
     run = local_run(_with_script(render(s), once), workdir=tmp_path / "a", timeout_s=50)
     assert run.ok and run.group_restarts == 1 and run.failures == 1, (run.status, [p.returncodes for p in run.pods])
     assert [len(p.logs) for p in run.pods] == [2, 2]  # index 0 was healthy, and recreated with the group anyway
+    stopped = [e for e in run.events if e.kind == "stopped"]
+    restarted = [e for e in run.events if e.kind == "start" and e.attempt == 1]
+    assert [e.index for e in stopped] == [0] and len(restarted) == 2  # the healthy pod stopped by the recreate
+    assert max(e.t for e in stopped) <= min(e.t for e in restarted)  # BlockingRecreate: the old group gone first
     always = local_run(_with_script(render(s), "exit 1"), workdir=tmp_path / "b", timeout_s=50)
     assert always.status == "Failed" and always.group_restarts == 1  # maxRestarts 1: the second group failure ends it
 

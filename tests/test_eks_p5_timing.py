@@ -112,7 +112,7 @@ def test_dev_shm_is_staging_plus_local_copies_from_the_model():
 
 def test_local_checkpoints_on_the_nodes_nvme():
     """Llama 3.1 70B on 4 p5 nodes: 24.6 GiB a GPU checkpointed; the local copies (4 a GPU) go to disk."""
-    s = JobSpec(name="a", image="i", model="llama3.1-70b", nodes=4, ckpt="async", local_ckpt_interval=5,
+    s = JobSpec(name="a", image="i", model="llama3.1-70b", nodes=4, workload="job", ckpt="async", local_ckpt_interval=5,
                 local_ckpt_on_nvme=True, fsx_capacity_gib=4800, fsx_mbps_per_tib=1000)
     local = math.ceil(32 * s.state_gib_per_gpu)
     assert s.shm == 64 + math.ceil(8 * s.state_gib_per_gpu) == 64 + 198  # staging stays in memory

@@ -46,7 +46,8 @@ def test_a_ready_cluster_passes_and_submit_says_each_check(ecr, kube):  # noqa: 
     assert said == [f"preflight: {line}" for line in (
         "no example values", f"image {IMAGE}: in ECR", "volume: fsx-claim Bound",
         "nodes: 2 of 2 p5.48xlarge nodes ready with 8 GPUs and 32 EFA, 2 wanted",
-        "namespace nvrx-lab: created by this submit (enforce privileged)")]
+        "namespace nvrx-lab: created by this submit (enforce privileged)",
+        "controller: the Job controller (an Indexed Job)")]
 
 
 def _broken(kube, case: str) -> dict:
@@ -62,7 +63,10 @@ def _broken(kube, case: str) -> dict:
         kube.objects["/api/v1/namespaces/nvrx-lab"] = {
             "kind": "Namespace", "apiVersion": "v1",
             "metadata": {"name": "nvrx-lab", "labels": {"pod-security.kubernetes.io/enforce": "baseline"}}}
-    return {"example image": {"image": f"123456789012.dkr.ecr.{REGION}.amazonaws.com/nvrx-lab:0.1.0"},
+    elif case == "no JobSet controller":
+        del kube.objects["/apis/apiextensions.k8s.io/v1/customresourcedefinitions/jobsets.jobset.x-k8s.io"]
+    return {"no JobSet controller": {"workload": "jobset"},
+            "example image": {"image": f"123456789012.dkr.ecr.{REGION}.amazonaws.com/nvrx-lab:0.1.0"},
             "example FSx": {"fsx_volume_handle": "fs-0123456789abcdef0", "fsx_dns_name": "x.fsx.us-west-2.amazonaws.com",
                             "fsx_mount_name": "abcdefgh"},
             "missing tag": {"image": IMAGE.replace(":7", ":8")},
@@ -78,6 +82,8 @@ def _broken(kube, case: str) -> dict:
     ("no claim", "JobSpec.fsx_claim: no PersistentVolumeClaim fsx-claim in namespace nvrx-lab"),
     ("a node not ready", "JobSpec.nodes: 2 wanted, 1 of 2 p5.48xlarge nodes ready"),
     ("baseline namespace", "JobSpec.namespace: nvrx-lab enforces Pod Security 'baseline'"),
+    ("no JobSet controller", "JobSpec.workload: a JobSet ('jobset', 2 nodes) needs jobsets.jobset.x-k8s.io, which is "
+                             "not installed"),
 ])
 def test_each_mistake_is_one_line_and_nothing_is_created(case, line, ecr, kube):  # noqa: F811
     changes = _broken(kube, case)

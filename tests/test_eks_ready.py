@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _spec(**kw) -> JobSpec:
-    return JobSpec(**{"name": "llama-ft", "image": "repo/nvrx-lab:1", **kw})
+    return JobSpec(**{"name": "llama-ft", "image": "repo/nvrx-lab:1", "workload": "job", **kw})
 
 
 def _container(ms) -> dict:

@@ -72,6 +72,11 @@ class FakeKube(ThreadingHTTPServer):
         self.objects["/api/v1/namespaces/nvrx-lab/persistentvolumeclaims/fsx-claim"] = {
             "kind": "PersistentVolumeClaim", "apiVersion": "v1", "metadata": {"name": "fsx-claim", "namespace": "nvrx-lab"},
             "spec": {}, "status": {"phase": "Bound"}}
+        self.objects["/apis/apiextensions.k8s.io/v1/customresourcedefinitions/jobsets.jobset.x-k8s.io"] = {
+            "kind": "CustomResourceDefinition", "apiVersion": "apiextensions.k8s.io/v1",
+            "metadata": {"name": "jobsets.jobset.x-k8s.io"},  # the JobSet controller is installed
+            "spec": {"group": "jobset.x-k8s.io", "scope": "Namespaced", "names": {"plural": "jobsets", "kind": "JobSet"},
+                     "versions": [{"name": "v1alpha2", "served": True, "storage": True}]}}
 
 
 def p5_node(name: str, ready: bool = True, gpus: int = 8) -> dict:
@@ -162,8 +167,9 @@ class Handler(BaseHTTPRequestHandler):
             if obj is None:
                 return self._status(404, "not found")
             done = srv.polls >= 4 and not srv.stuck
+            complete = "Completed" if "/jobsets/" in path else "Complete"  # a JobSet's condition, a Job's
             return self._send(200, {**obj, "status": {"succeeded": srv.nodes if done else 0,
-                                                       "conditions": [{"type": "Complete", "status": "True"}] if done else []}})
+                                                       "conditions": [{"type": complete, "status": "True"}] if done else []}})
         return self._send(200, srv.objects[path]) if path in srv.objects else self._status(404, "not found")
 
     def do_GET(self):

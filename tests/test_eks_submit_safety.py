@@ -9,9 +9,9 @@ import gc
 import tempfile
 
 import pytest
-from test_eks_submit import CLUSTER, REGION, SPEC, aws, kube, moto_url  # noqa: F401 - the fixtures
+from test_eks_submit import CLUSTER, REGION, SPEC, aws, kube, moto_url, p5_node  # noqa: F401 - the fixtures
 
-from nvrx_lab.eks import Access, EksError, Watch, auth, submit
+from nvrx_lab.eks import Access, EksError, Watch, auth, delete, submit
 from nvrx_lab.eks.__main__ import main as eks_main
 from nvrx_lab.eks.auth import api_client
 
@@ -87,9 +87,20 @@ def test_a_leftover_service_or_configmap_is_not_replaced_without_replace(aws, ku
     assert "replaced Service/llama-ft" in res.actions and res.actions[-1] == "created Job/llama-ft"
 
 
-def test_a_jobset_is_rendered_and_validated_but_not_submitted(aws, kube):
-    spec = dataclasses.replace(SPEC, workload="jobset")
-    assert submit(spec, CLUSTER, REGION).manifests[-1]["kind"] == "JobSet"  # the dry run validates it
-    with pytest.raises(EksError, match="apply it with kubectl apply -f"):
-        submit(spec, CLUSTER, REGION, dry_run=False, access=Access(api_server=kube.url))
-    assert not [m for m, *_ in kube.requests if m != "GET"]
+def test_a_jobset_is_created_watched_and_deleted_like_a_job(aws, kube):
+    """From 4 nodes up ``workload='auto'`` is a JobSet: created through its custom resource, watched until its
+    ``Completed`` condition, replaced and deleted with its pods like a Job."""
+    spec = dataclasses.replace(SPEC, nodes=4)
+    kube.nodes = 4
+    kube.objects["/api/v1/nodes"]["items"] = [p5_node(f"ip-10-0-0-{i}") for i in range(4)]
+    res = submit(spec, CLUSTER, REGION, dry_run=False, echo=lambda line: None, access=Access(api_server=kube.url),
+                 watch=Watch(timeout_s=30, poll_s=0.05))
+    jobsets = "/apis/jobset.x-k8s.io/v1alpha2/namespaces/nvrx-lab/jobsets"
+    assert res.status == "Succeeded" and res.actions[-1] == "created JobSet/llama-ft", res
+    assert ("POST", jobsets) in [(m, p) for m, p, *_ in kube.requests]
+    assert not [p for m, p, *_ in kube.requests if m == "POST" and p.endswith(("/jobs", "/services"))]  # the controller's
+    assert res.phases == {i: "Succeeded" for i in range(4)}
+    with pytest.raises(EksError, match="JobSet nvrx-lab/llama-ft already exists"):
+        submit(spec, CLUSTER, REGION, dry_run=False, watch=None, access=Access(api_server=kube.url))
+    assert delete(spec, CLUSTER, REGION, access=Access(api_server=kube.url))[0] == "deleted JobSet/llama-ft"
+    assert ("DELETE", f"{jobsets}/llama-ft") in [(m, p) for m, p, *_ in kube.requests]

@@ -78,6 +78,8 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--image", required=True)
             s.add_argument("--mode", choices=list(MODES), default="ft_launcher")
             s.add_argument("--nodes", type=int, default=2)
+            s.add_argument("--workload", choices=("auto", "job", "jobset"), default="auto",
+                           help="an Indexed Job or a JobSet (default auto: a JobSet from 4 nodes up)")
             s.add_argument("--instance-type", default="p5.48xlarge")
             s.add_argument("--model", default="tiny", help="model preset: tiny, llama3.2-1b, llama3.1-8b, llama3.1-70b")
             s.add_argument("--data", default="", help="token file on FSx (python -m nvrx_lab.data prepare); "
@@ -102,6 +104,7 @@ def _parser() -> argparse.ArgumentParser:
 def _job(args: argparse.Namespace) -> JobSpec:
     """The JobSpec of ``submit``'s and ``preflight``'s flags."""
     return JobSpec(name=args.name, image=args.image, nodes=args.nodes, mode=args.mode, namespace=args.namespace,
+                   workload=args.workload,
                    instance_type=args.instance_type, model=args.model, data=args.data, steps=args.steps,
                    ckpt_interval=args.ckpt_interval, faults=args.faults, fsx_claim=args.fsx_claim,
                    queue_name=args.queue_name, fsx_volume_handle=args.fsx_volume_handle, fsx_dns_name=args.fsx_dns_name,

@@ -31,7 +31,7 @@ MANAGED_TRAIN_FLAGS = ("--model", "--data", "--steps", "--seed", "--global-batch
                        "--ckpt-interval", "--ckpt-dir", "--local-ckpt-interval", "--pg-timeout", "--restart", "--faults",
                        "--coordinator", "--replica-id", "--replicas")
 LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
-WORKLOADS = ("job", "jobset")
+WORKLOADS = ("auto", "job", "jobset")
 RESERVED_ENV = ("JOB_COMPLETION_INDEX", "NNODES", "NPROC_PER_NODE", "RANK0_HOST", "MASTER_PORT", "RDZV_PORT", "RUN_DIR",
                 "LAUNCHER_CONFIG", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "COORDINATOR_HOST", "COORDINATOR_PORT",
                 "STORE_PORT", "REPLICA_ID", "LISTEN_HOST")
@@ -62,8 +62,8 @@ def _check_identity(s: JobSpec) -> None:
     if not isinstance(s.nodes, int) or isinstance(s.nodes, bool) or s.nodes < 1:
         _fail("nodes", f"must be an integer >= 1, got {s.nodes!r}")
     if s.workload not in WORKLOADS:
-        _fail("workload", f"{s.workload!r}; allowed: job (an Indexed Job) or jobset (a JobSet: its controller must be "
-                          "installed)")
+        _fail("workload", f"{s.workload!r}; allowed: auto (a JobSet from 4 nodes up), job (an Indexed Job) or jobset (a "
+                          "JobSet: its controller must be installed)")
     extra = len(s.pod_hostname_prefix) - len(s.name)  # '-node-0' under a JobSet
     if len(f"{s.pod_hostname_prefix}-{s.nodes - 1}") > 63:
         _fail("name", f"{s.name!r} is too long for {s.nodes} nodes: pod hostnames '{s.pod_hostname_prefix}-<index>' "
@@ -99,9 +99,9 @@ def _check_replicas(s: JobSpec) -> None:
                                 "mode='baseline' with checkpoints)")
     if not 1 <= s.min_replicas <= s.replica_groups:
         _fail("min_replicas", f"{s.min_replicas}; allowed: 1..{s.replica_groups} (replica_groups)")
-    if s.workload != "job":
+    if s.workload == "jobset":
         _fail("workload", f"{s.workload!r}: a JobSet recreates every replica group when one fails, so the survivors would "
-                          "stop; allowed with mode='replicas': job (one Indexed Job per group)")
+                          "stop; allowed with mode='replicas': job or auto (one Indexed Job per group)")
     longest = max(f"{s.name}-coordinator", f"{s.name}-g{s.replica_groups - 1}-{s.nodes - 1}", key=len)
     if len(longest) > 63:
         _fail("name", f"{s.name!r} is too long for {s.replica_groups} groups of {s.nodes} nodes: {longest!r} must fit 63 "

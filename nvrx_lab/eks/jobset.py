@@ -12,7 +12,11 @@ What changes against the plain Indexed Job:
 * **The group is the unit of restart.** The child Job has ``backoffLimit: 0``: any counted pod failure
   fails it, and the JobSet recreates *every* pod at once (``failurePolicy.maxRestarts`` group failures:
   10 under Kubernetes restarts, 3 under the launcher), without the Job controller's per-pod back-off
-  (10 s doubling up to 6 min) and without pods of the old group waiting on the new one's.
+  (10 s doubling, capped at 10 min a pod in the Job controller's code, ``MaxJobPodFailureBackOff``: a node idles that
+  long after each failure).
+* **Blocking recreate.** ``restartStrategy: BlockingRecreate``: every pod of the old group is gone before the
+  first new one is created, so a new pod never resolves ``<jobset>-node-0-0`` to an old pod (or an old pod's
+  rendezvous store) that is still terminating.
 * **A usage error still fails at once.** A pod that exits 2 fails the child Job through its
   ``podFailurePolicy`` (reason ``PodFailurePolicy``), and the rule ``FailJobSet`` on that reason ends
   the JobSet without a restart.
@@ -52,7 +56,7 @@ def jobset(s: JobSpec, meta: dict, child_spec: dict, child_labels: dict[str, str
     child), ``child_spec`` the Indexed Job's ``spec`` (backoffLimit 0), ``child_labels`` the child Job's labels."""
     return {"apiVersion": API_VERSION, "kind": "JobSet", "metadata": meta, "spec": {
         "network": {"enableDNSHostnames": True, "subdomain": s.name, "publishNotReadyAddresses": True},
-        "failurePolicy": {"maxRestarts": group_restarts(s), "restartStrategy": "Recreate", "rules": [
+        "failurePolicy": {"maxRestarts": group_restarts(s), "restartStrategy": "BlockingRecreate", "rules": [
             {"name": "usage-error", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}]},
         "successPolicy": {"operator": "All"},
         "ttlSecondsAfterFinished": s.ttl_after_finished_s,

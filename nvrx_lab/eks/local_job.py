@@ -7,7 +7,8 @@ them as the controllers would:
 * **Job** — a failed pod is started again as a new attempt until ``backoffLimit`` failures;
   ``podFailurePolicy`` exit-code rules hold (``FailJob`` ends the Job, ``Ignore`` does not count).
 * **JobSet** — its child Job has ``backoffLimit: 0``: a counted failure fails it, and the JobSet recreates
-  every pod at once (a new attempt each) up to ``failurePolicy.maxRestarts``; a child Job failed by its
+  every pod at once (a new attempt each, once every old one has stopped: ``BlockingRecreate``, event ``stopped``) up
+  to ``failurePolicy.maxRestarts``; a child Job failed by its
   ``podFailurePolicy`` meets the JobSet's rules (``FailJobSet`` on ``PodFailurePolicy`` ends it).
 * **A lost node** (:meth:`LocalJob.lose_node`) — the pod's whole process tree SIGKILLed at once, the node's
   own folders wiped, and the pod judged as one whose node is gone (the condition ``DisruptionTarget``: the
@@ -235,10 +236,10 @@ class LocalJob:
         if run.group_restarts >= max_restarts(self.jobset):
             run.status, run.reason = "Failed", f"MaxRestarts after {reason}"
             return
-        run.group_restarts += 1  # Recreate: every pod of the child Job goes, then all come back
+        run.group_restarts += 1  # BlockingRecreate: every pod of the child Job is gone before any comes back
         for other in run.pods:
-            if other.proc is not None:
-                _stop(other.proc, self.options.grace_s)
+            if other.proc is not None and other.proc.poll() is None:
+                self._event(other, "stopped", _stop(other.proc, self.options.grace_s))
         self.done.clear()
         self.pending.clear()
         for other in run.pods:

@@ -36,7 +36,8 @@ class PodEvent:
     """Wall time (``time.time()``: comparable with the trainer's events)."""
     index: int
     kind: str
-    """``start`` (an attempt began), ``exit`` (it ended by itself, ``code``) or ``node-lost`` (killed with its node)."""
+    """``start`` (an attempt began), ``exit`` (it ended by itself, ``code``), ``node-lost`` (killed with its node) or
+    ``stopped`` (ended by a JobSet's group recreate)."""
     attempt: int
     code: int | None = None
 

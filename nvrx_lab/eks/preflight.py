@@ -10,7 +10,8 @@ anyone reads an Event. Each check here is one :class:`Finding` naming the field 
 * **the volume** — the FSx claim is ``Bound`` (unless this submit creates the volume and claim itself);
 * **the nodes** — enough Ready, schedulable nodes of the instance type with the GPUs and EFA interfaces a pod asks
   for; with a Kueue queue, Kueue admits the job when its quota frees, so the count is said, not required;
-* **Pod Security** — the namespace's ``enforce`` level admits the pods (``IPC_LOCK`` is beyond ``baseline``).
+* **Pod Security** — the namespace's ``enforce`` level admits the pods (``IPC_LOCK`` is beyond ``baseline``);
+* **the JobSet controller** — for a JobSet, its CustomResourceDefinition is installed.
 
 ``submit`` runs it first (``Access(preflight=False)`` skips it, and says so; ``--no-preflight``);
 ``python -m nvrx_lab.eks preflight`` runs it alone.
@@ -28,6 +29,7 @@ from kubernetes.client.exceptions import ApiException
 
 from nvrx_lab.eks.auth import EksError
 from nvrx_lab.eks.spec import JobSpec
+from nvrx_lab.eks.workload import CRD
 from nvrx_lab.eks.yamlio import EXAMPLE
 
 EXAMPLE_ACCOUNT = "123456789012"
@@ -149,12 +151,32 @@ def pod_security(spec: JobSpec, core: kubernetes.client.CoreV1Api) -> Finding:
     return Finding("pod security", True, f"namespace {spec.namespace}: enforce {level or 'unset'}")
 
 
+def controller(spec: JobSpec, api: kubernetes.client.ApiClient) -> Finding:
+    """A JobSet needs its controller: the CustomResourceDefinition ``jobsets.jobset.x-k8s.io``."""
+    if spec.workload_kind != "jobset":
+        return Finding("controller", True, "controller: the Job controller (an Indexed Job)")
+    try:
+        kubernetes.client.ApiextensionsV1Api(api).read_custom_resource_definition(CRD)
+    except ApiException as exc:
+        if exc.status == 403:
+            return Finding("controller", True, f"controller: {CRD} not checked (this identity may not read "
+                                               "CustomResourceDefinitions)")
+        if exc.status != 404:
+            raise
+        return Finding("controller", False, f"JobSpec.workload: a JobSet ({spec.workload!r}, {spec.nodes} nodes) "
+                                            f"needs {CRD}, which is not installed; install the JobSet controller "
+                                            "(jobset.sigs.k8s.io: kubectl apply --server-side -f its release's "
+                                            "manifests.yaml) or pass workload='job'")
+    return Finding("controller", True, f"controller: {CRD} installed")
+
+
 def preflight(spec: JobSpec, api: kubernetes.client.ApiClient, session: boto3.session.Session) -> list[Finding]:
     """Every check's finding; raises :class:`PreflightFailed` when one failed."""
     core = kubernetes.client.CoreV1Api(api)
     examples = example_values(spec)
     pulled = [] if any(f.line.startswith("JobSpec.image") for f in examples) else [image(spec, session)]
-    findings = [*examples, *pulled, volume(spec, core), nodes(spec, core), pod_security(spec, core)]
+    findings = [*examples, *pulled, volume(spec, core), nodes(spec, core), pod_security(spec, core),
+                controller(spec, api)]
     if not all(f.ok for f in findings):
         raise PreflightFailed(findings)
     return findings

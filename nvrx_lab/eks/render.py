@@ -236,7 +236,7 @@ def job(s: JobSpec) -> dict:
 
 
 def render(spec: JobSpec) -> list[dict]:
-    """All objects of ``spec``'s job, in the order they must be created: for ``workload='jobset'`` the JobSet
+    """All objects of ``spec``'s job, in the order they must be created: for a JobSet (``JobSpec.workload_kind``) the JobSet
     (:mod:`nvrx_lab.eks.jobset`: its controller makes the headless Service) instead of the Service and the Job; for
     ``mode='replicas'`` the coordinator's Service, StatefulSet and PodDisruptionBudget, then each group's
     Service and Job (:mod:`nvrx_lab.eks.replicas`)."""
@@ -245,7 +245,7 @@ def render(spec: JobSpec) -> list[dict]:
         out += fsx_storage(spec)
     if spec.mode_info.uses_launcher:
         out.append(config_map(spec))
-    if spec.workload == "jobset":
+    if spec.workload_kind == "jobset":
         meta = _meta(spec, spec.name) | {"labels": workload_labels(spec), "annotations": {"nvrx-lab/mode": spec.mode}}
         return [*out, jobset(spec, meta, job_spec(spec, backoff_limit=0), labels(spec))]
     if spec.mode_info.replicated:

@@ -23,6 +23,9 @@ from nvrx_lab.eks.modes import Mode, mode
 from nvrx_lab.runner import LauncherConfig
 from nvrx_lab.sizing import StateSize
 
+JOBSET_FROM_NODES = 4
+"""``workload='auto'`` renders a JobSet from this many nodes up."""
+
 
 @dataclass
 class JobSpec:
@@ -43,9 +46,11 @@ class JobSpec:
     coordinator_port: int = 29600
     """``mode='replicas'``: the coordinator's quorum port on its Service ``<name>-coordinator``; its TCPStore (the
     address book of the groups' cross-replica rings) listens on the next port."""
-    workload: str = "job"
+    workload: str = "auto"
     """``job``: an Indexed Job and its headless Service, plain Kubernetes; ``jobset``: a JobSet (its controller must be
-    installed) whose one replicated Job restarts as a whole group, at once (:mod:`nvrx_lab.eks.jobset`)."""
+    installed) whose one replicated Job restarts as a whole group, at once (:mod:`nvrx_lab.eks.jobset`); ``auto``: a
+    JobSet from :data:`JOBSET_FROM_NODES` nodes up (a Job's per-pod back-off idles every node for minutes after each
+    failure), a Job below and for ``mode='replicas'`` (:attr:`workload_kind`)."""
     queue_name: str = ""
     """Kueue LocalQueue (label ``kueue.x-k8s.io/queue-name``): Kueue admits the job only when quota for all of its pods
     is free, all or nothing, and queues it until then (empty: no Kueue)."""
@@ -267,9 +272,16 @@ class JobSpec:
         return base + self.staging_gib + (0 if self.local_ckpt_on_nvme else self.local_copies_gib)
 
     @property
+    def workload_kind(self) -> str:
+        """``job`` or ``jobset``: :attr:`workload`, with ``auto`` decided by the number of nodes and the mode."""
+        if self.workload != "auto":
+            return self.workload
+        return "jobset" if self.nodes >= JOBSET_FROM_NODES and not self.mode_info.replicated else "job"
+
+    @property
     def pod_hostname_prefix(self) -> str:
         """Pod ``i``'s hostname is ``<prefix>-<i>``: the Job's name, or ``<jobset>-node-0`` (JobSet's child Job)."""
-        return f"{self.name}-node-0" if self.workload == "jobset" else self.name
+        return f"{self.name}-node-0" if self.workload_kind == "jobset" else self.name
 
     @property
     def rank0_host(self) -> str:

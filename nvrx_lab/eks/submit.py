@@ -10,9 +10,8 @@ or claim is read first and created only when missing, never replaced; where acce
 namespace (403 on reading and creating a Namespace or PersistentVolume) it is taken to exist. A Job,
 ConfigMap or Service of the same name is an error unless ``replace=True``: then the Job is deleted with
 its pods (its template is immutable) and created again, resuming from its checkpoints, and the
-ConfigMap and Service are replaced. A JobSet (``workload='jobset'``) is rendered and validated here;
-apply it with ``kubectl apply -f`` (``render`` writes ``jobset-<mode>.yaml``): submitting it is not
-implemented.
+ConfigMap and Service are replaced. A JobSet (``JobSpec.workload_kind``: from 4 nodes up by default) is
+created, watched and deleted the same way (:mod:`.workload`); its controller makes the headless Service.
 The pods' phases are shown with a progress bar, with the reason a pod waits (``Unschedulable: 0/4
 nodes are available: 4 Insufficient nvidia.com/gpu``, ``ErrImagePull`` …), rank 0's log is streamed
 (following each replacement pod) and the goodput summary line is picked out of it (:mod:`.watch`).
@@ -36,26 +35,10 @@ from nvrx_lab.eks.preflight import preflight as run_preflight
 from nvrx_lab.eks.render import render
 from nvrx_lab.eks.spec import JobSpec
 from nvrx_lab.eks.validate import validate
+from nvrx_lab.eks.watch import WATCH, Watch
 from nvrx_lab.eks.watch import watch as follow
+from nvrx_lab.eks.workload import Workload
 from nvrx_lab.net import wait_for
-
-
-@dataclass(frozen=True)
-class Watch:
-    """Following a submitted Job to its end."""
-
-    timeout_s: float = 6 * 3600
-    """Stop watching after this many seconds (status ``timeout``; the Job runs on)."""
-    poll_s: float = 5.0
-    """Seconds between two looks at the pods and the Job."""
-    stuck_s: float = 600.0
-    """A pod held back this long by a cause that does not clear by itself (an image that does not pull, a volume that
-    does not mount, a pod that does not schedule: :data:`~nvrx_lab.eks.watch.STUCK`) ends the run: the Job is deleted
-    so its nodes are released (status ``stuck``)."""
-
-
-WATCH = Watch()
-"""The default: up to 6 hours, a look every 5 s."""
 
 
 @dataclass(frozen=True)
@@ -117,17 +100,6 @@ def _ensure(core: kubernetes.client.CoreV1Api, m: dict) -> str:
         raise
 
 
-def _job_exists(batch: kubernetes.client.BatchV1Api, spec: JobSpec) -> str:
-    """A description of the existing Job named like ``spec``'s, or '' when there is none (or we may not read it)."""
-    try:
-        st = batch.read_namespaced_job(spec.name, spec.namespace).status
-    except ApiException as exc:
-        if exc.status in (403, 404):
-            return ""
-        raise
-    return f"{st.active or 0} pods active, {st.succeeded or 0} succeeded, {st.failed or 0} failed" if st else "exists"
-
-
 def _existing(core: kubernetes.client.CoreV1Api, manifests: list[dict]) -> list[str]:
     """``Kind/name`` of the ConfigMaps and Services of ``manifests`` that already exist (read before creating
     anything, so a refused submission leaves nothing behind)."""
@@ -145,14 +117,14 @@ def _existing(core: kubernetes.client.CoreV1Api, manifests: list[dict]) -> list[
     return found
 
 
-def _create_or_replace(api: kubernetes.client.ApiClient, m: dict, wait_s: float, replace: bool) -> str:
-    core, batch = kubernetes.client.CoreV1Api(api), kubernetes.client.BatchV1Api(api)
+def _create_or_replace(api: kubernetes.client.ApiClient, m: dict, top: Workload, wait_s: float, replace: bool) -> str:
+    core = kubernetes.client.CoreV1Api(api)
     kind, name, ns = m["kind"], m["metadata"]["name"], m["metadata"].get("namespace")
     if kind in KEEP:
         return _ensure(core, m)
     create = {"ConfigMap": lambda: core.create_namespaced_config_map(ns, m),
               "Service": lambda: core.create_namespaced_service(ns, m),
-              "Job": lambda: batch.create_namespaced_job(ns, m)}[kind]
+              top.kind: lambda: top.create(m)}[kind]
     try:
         create()
         return f"created {kind}/{name}"
@@ -166,35 +138,20 @@ def _create_or_replace(api: kubernetes.client.ApiClient, m: dict, wait_s: float,
         core.replace_namespaced_config_map(name, ns, m)
     elif kind == "Service":
         core.replace_namespaced_service(name, ns, m)
-    else:  # a Job's template is immutable: delete it with its pods, wait until it is gone, create again
-        _delete_job(batch, name, ns, wait_s)
+    else:  # a Job's (a JobSet's) template is immutable: delete it with its pods, wait until it is gone, create again
+        _delete(top, wait_s)
         create()
     return f"replaced {kind}/{name}"
 
 
-def _delete_job(batch: kubernetes.client.BatchV1Api, name: str, ns: str, wait_s: float) -> bool:
+def _delete(top: Workload, wait_s: float) -> bool:
+    """Delete the Job (JobSet) with its pods and wait until it is gone; False when there was none."""
+    if not top.delete():
+        return False
     try:
-        batch.delete_namespaced_job(name, ns, propagation_policy="Foreground")
-    except ApiException as exc:
-        if exc.status == 404:
-            return False
-        raise
-    try:
-        return wait_for(lambda: _job_gone(batch, name, ns), wait_s, f"Job {ns}/{name} to be deleted",
-                        interval=min(1.0, wait_s / 20))
+        return wait_for(top.gone, wait_s, f"{top} to be deleted", interval=min(1.0, wait_s / 20))
     except TimeoutError:
-        raise EksError(f"Job {ns}/{name} still exists {wait_s:.0f} s after its deletion; try again later") from None
-
-
-def _job_gone(batch: kubernetes.client.BatchV1Api, name: str, ns: str) -> bool:
-    """Whether the Job no longer exists (404 on read)."""
-    try:
-        batch.read_namespaced_job(name, ns)
-    except ApiException as exc:
-        if exc.status == 404:
-            return True
-        raise
-    return False
+        raise EksError(f"{top} still exists {wait_s:.0f} s after its deletion; try again later") from None
 
 
 def submit(spec: JobSpec, cluster: str, region: str, dry_run: bool = True, *, replace: bool = False,
@@ -212,9 +169,6 @@ def submit(spec: JobSpec, cluster: str, region: str, dry_run: bool = True, *, re
     if spec.mode_info.replicated:
         raise EksError("submit: mode 'replicas' is several Jobs and a StatefulSet, which submit does not follow yet; apply "
                        "them with kubectl apply -f (python -m nvrx_lab.eks render writes job-replicas.yaml)")
-    if spec.workload != "job":
-        raise EksError(f"submit: workload {spec.workload!r} is not submitted from here; apply it with kubectl apply -f "
-                       "(python -m nvrx_lab.eks render writes jobset-<mode>.yaml), or use workload='job'")
     timeout_s = watch.timeout_s if watch else WATCH.timeout_s
     access = access or Access()
     with _cluster_api(cluster, region, spec.namespace, access) as api:
@@ -224,18 +178,18 @@ def submit(spec: JobSpec, cluster: str, region: str, dry_run: bool = True, *, re
         else:
             echo("preflight: skipped (Access(preflight=False)): the image, the volume, the nodes and Pod Security are not "
                  "checked")
-        if not replace and (what := _job_exists(kubernetes.client.BatchV1Api(api), spec)):
-            raise EksError(f"Job {spec.namespace}/{spec.name} already exists ({what}): pass replace=True (CLI: --replace) "
+        top = Workload(api, spec)
+        if not replace and (what := top.describe()):
+            raise EksError(f"{top} already exists ({what}): pass replace=True (CLI: --replace) "
                            "to delete it and its pods and start again from its checkpoints, or choose another name")
         if not replace and (left := _existing(kubernetes.client.CoreV1Api(api), manifests)):
             raise EksError(f"{' and '.join(left)} already exist in namespace {spec.namespace} (from an earlier job of this "
                            "name?): pass replace=True (CLI: --replace) to replace them, or choose another name")
         for m in manifests:
-            result.actions.append(_create_or_replace(api, m, wait_s=min(300.0, timeout_s), replace=replace))
+            result.actions.append(_create_or_replace(api, m, top, wait_s=min(300.0, timeout_s), replace=replace))
         result.status = "submitted"
         if watch is not None:
-            result.status, result.phases, log = follow(api, spec, watch.timeout_s, watch.poll_s, echo, result.waiting,
-                                                       watch.stuck_s)
+            result.status, result.phases, log = follow(api, spec, watch, echo, result.waiting)
             result.goodput, result.log_tail = log.goodput, list(log.tail)
     return result
 
@@ -262,12 +216,14 @@ def check_cluster(spec: JobSpec, cluster: str, region: str, *, access: Access | 
 
 
 def delete(spec: JobSpec, cluster: str, region: str, *, access: Access | None = None, wait_s: float = 120.0) -> list[str]:
-    """Delete the Job (with its pods), its Service and ConfigMap; storage and namespace stay."""
+    """Delete the Job or JobSet of ``spec``'s name (either: a name is one job), with its pods, its Service and ConfigMap;
+    storage and namespace stay."""
     done = []
     with _cluster_api(cluster, region, spec.namespace, access or Access()) as api:
-        core, batch = kubernetes.client.CoreV1Api(api), kubernetes.client.BatchV1Api(api)
-        if _delete_job(batch, spec.name, spec.namespace, wait_s):
-            done.append(f"deleted Job/{spec.name}")
+        core = kubernetes.client.CoreV1Api(api)
+        for kind in ("JobSet", "Job"):
+            if _delete(Workload(api, spec, kind), wait_s):
+                done.append(f"deleted {kind}/{spec.name}")
         for kind, fn, name in (("Service", core.delete_namespaced_service, spec.name),
                                ("ConfigMap", core.delete_namespaced_config_map, f"{spec.name}-launcher")):
             try:

@@ -14,15 +14,39 @@ import json
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import kubernetes.client
 from tqdm.auto import tqdm
 
 from nvrx_lab.eks.render import CONTAINER, INDEX_ANNOTATION
 from nvrx_lab.eks.spec import JobSpec
+from nvrx_lab.eks.workload import Workload
 from nvrx_lab.net import wait_for
 
 GOODPUT_PREFIX = "GOODPUT "
+
+
+@dataclass(frozen=True)
+class Watch:
+    """Following a submitted Job (JobSet) to its end."""
+
+    timeout_s: float = 6 * 3600
+    """Stop watching after this many seconds (status ``timeout``; the Job runs on)."""
+    poll_s: float = 5.0
+    """Seconds between two looks at the pods and the Job."""
+    stuck_s: float = 600.0
+    """A pod held back this long by a cause that does not clear by itself (an image that does not pull, a volume that
+    does not mount, a pod that does not schedule: :data:`STUCK`) ends the run: the Job is deleted so its nodes are
+    released (status ``stuck``)."""
+    max_evictions: int = 3
+    """Pods the kubelet may evict (memory, ``/dev/shm`` or ephemeral storage over a limit) before the run ends (status
+    ``evicted``): the rendered ``podFailurePolicy`` ignores ``DisruptionTarget`` so a lost node costs no retry, which
+    also makes an eviction free, and a pod that outgrows its limit would be evicted and recreated forever."""
+
+
+WATCH = Watch()
+"""The default: up to 6 hours, a look every 5 s."""
 
 
 def parse_goodput(line: str) -> dict | None:
@@ -133,65 +157,88 @@ def _report_waiting(pods: dict[int, object], waiting: dict[int, str], say: Calla
         say(f"pending (index {', '.join(map(str, indexes))}): {reason}")
 
 
-def _look(core, batch, spec: JobSpec, phases: dict[int, str], waiting: dict[int, str], log: _Rank0Log, bar) -> str | None:
-    """One look at the pods (phases, why they wait, rank 0's log) and the Job: ``Succeeded``/``Failed`` once it ended."""
+def _look(core, top: Workload, spec: JobSpec, seen: _Seen, log: _Rank0Log, bar) -> str | None:
+    """One look at the pods (phases, why they wait, evictions, rank 0's log) and the Job or JobSet: ``Succeeded`` or
+    ``Failed`` once it ended."""
     pods = core.list_namespaced_pod(spec.namespace, label_selector=f"app.kubernetes.io/instance={spec.name}").items
     latest = {}
     for pod in sorted(pods, key=lambda p: str(p.metadata.creation_timestamp or "")):
         index = int((pod.metadata.annotations or {}).get(INDEX_ANNOTATION, -1))
-        phases[index], latest[index] = pod.status.phase or "Pending", pod
-        if index == 0 and phases[0] in ("Running", "Succeeded", "Failed"):
+        seen.phases[index], latest[index] = pod.status.phase or "Pending", pod
+        if index == 0 and seen.phases[0] in ("Running", "Succeeded", "Failed"):
             log.follow(pod.metadata.name)
-    _report_waiting(latest, waiting, tqdm.write, core, spec.namespace)
-    bar.n = sum(p in ("Running", "Succeeded") for i, p in phases.items() if i >= 0)
-    bar.set_postfix_str(" ".join(f"{i}:{p}" for i, p in sorted(phases.items())), refresh=True)
-    st = batch.read_namespaced_job_status(spec.name, spec.namespace).status
-    conds = {c.type: c.status for c in (st.conditions or [])}
-    if conds.get("Complete") == "True" or (st.succeeded or 0) >= spec.nodes:
-        return "Succeeded"
-    return "Failed" if conds.get("Failed") == "True" else None
+        seen.eviction(index, pod)
+    _report_waiting(latest, seen.waiting, tqdm.write, core, spec.namespace)
+    bar.n = sum(p in ("Running", "Succeeded") for i, p in seen.phases.items() if i >= 0)
+    bar.set_postfix_str(" ".join(f"{i}:{p}" for i, p in sorted(seen.phases.items())), refresh=True)
+    return top.ended()
 
 
-class _Stuck:
-    """Since when each index has waited for a :data:`STUCK` reason; once one has for ``stuck_s``, the run is stuck."""
+def evicted(pod) -> str:
+    """Why the kubelet evicted ``pod`` (``The node was low on resource: ephemeral-storage. …``), or '' if it did not:
+    phase Failed with reason ``Evicted``, or the condition ``DisruptionTarget`` with reason ``TerminationByKubelet``."""
+    st = pod.status
+    if st.reason == "Evicted":
+        return st.message or "Evicted"
+    for c in st.conditions or []:
+        if c.type == "DisruptionTarget" and c.status == "True" and c.reason == "TerminationByKubelet":
+            return c.message or c.reason
+    return ""
 
-    def __init__(self, stuck_s: float):
-        self.stuck_s, self.since = stuck_s, {}
 
-    def verdict(self, waiting: dict[int, str]) -> str | None:
+class _Seen:
+    """What the watch has seen: each index's phase and why it waits, since when a :data:`STUCK` reason holds it back,
+    and the pods the kubelet evicted (each said once). Once an index has been stuck for ``stuck_s``, or more than
+    ``max_evictions`` pods were evicted, :meth:`verdict` ends the run."""
+
+    def __init__(self, settings: Watch, waiting: dict[int, str], echo: Callable[[str], None]):
+        self.settings, self.waiting, self.echo = settings, waiting, echo
+        self.phases: dict[int, str] = {}
+        self.since: dict[int, float] = {}
+        self.evictions: dict[str, str] = {}
+
+    def eviction(self, index: int, pod) -> None:
+        if pod.metadata.name not in self.evictions and (why := evicted(pod)):
+            self.evictions[pod.metadata.name] = why
+            self.echo(f"evicted (index {index}, pod {pod.metadata.name}, {len(self.evictions)} of at most "
+                      f"{self.settings.max_evictions}): {why}")
+
+    def verdict(self) -> str | None:
+        if len(self.evictions) > self.settings.max_evictions:
+            return (f"evicted: {len(self.evictions)} pods evicted by the kubelet (more than Watch.max_evictions="
+                    f"{self.settings.max_evictions}; the last: {list(self.evictions.values())[-1]})")
         now = time.monotonic()
-        stuck = {i: r for i, r in waiting.items() if r.split(":")[0] in STUCK}
+        stuck = {i: r for i, r in self.waiting.items() if r.split(":")[0] in STUCK}
         self.since = {i: self.since.get(i, now) for i in stuck}
-        late = sorted(i for i, t in self.since.items() if now - t >= self.stuck_s)
-        return f"index {late[0]}: {stuck[late[0]]}" if late else None
+        late = sorted(i for i, t in self.since.items() if now - t >= self.settings.stuck_s)
+        return f"stuck: index {late[0]}: {stuck[late[0]]} for {self.settings.stuck_s:g} s" if late else None
 
 
-def watch(api: kubernetes.client.ApiClient, spec: JobSpec, timeout_s: float, poll_s: float,
-          echo: Callable[[str], None], waiting: dict[int, str] | None = None,
-          stuck_s: float = float("inf")) -> tuple[str, dict[int, str], _Rank0Log]:
-    """Follow the Job of ``spec`` until it ends or ``timeout_s`` passes (status ``timeout``), a look every ``poll_s``:
-    (its status, each index's phase, rank 0's log). A pod held back for ``stuck_s`` by a :data:`STUCK` reason ends
-    it (status ``stuck``): the Job is deleted, so the nodes it holds are released, and one line says why."""
-    core, batch = kubernetes.client.CoreV1Api(api), kubernetes.client.BatchV1Api(api)
+def watch(api: kubernetes.client.ApiClient, spec: JobSpec, settings: Watch, echo: Callable[[str], None],
+          waiting: dict[int, str] | None = None) -> tuple[str, dict[int, str], _Rank0Log]:
+    """Follow the Job (JobSet) of ``spec`` as ``settings`` say until it ends (status ``timeout`` when it has not):
+    (its status, each index's phase, rank 0's log). A pod held back by a :data:`STUCK` reason for too long (status
+    ``stuck``), or too many evictions (status ``evicted``), end it: the Job is deleted, so the nodes it holds are
+    released, and one line says why."""
+    core, top = kubernetes.client.CoreV1Api(api), Workload(api, spec)
     log = _Rank0Log(core, spec.namespace, echo)
-    phases: dict[int, str] = {}
-    waiting = {} if waiting is None else waiting
-    deadline, stuck, why = time.monotonic() + timeout_s, _Stuck(stuck_s), []
+    seen = _Seen(settings, {} if waiting is None else waiting, echo)
+    deadline, why = time.monotonic() + settings.timeout_s, []
 
     def look() -> str | None:
-        if (ended := _look(core, batch, spec, phases, waiting, log, bar)) is None and (cause := stuck.verdict(waiting)):
+        if (ended := _look(core, top, spec, seen, log, bar)) is None and (cause := seen.verdict()):
             why.append(cause)
-            return "stuck"
+            return cause.split(":")[0]
         return ended
 
     with tqdm(total=spec.nodes, desc=f"{spec.name} pods running", unit="pod") as bar:
         try:
-            status = wait_for(look, timeout_s, f"Job/{spec.name} to end", interval=poll_s)
+            status = wait_for(look, settings.timeout_s, f"{top} to end", interval=settings.poll_s)
         except TimeoutError:
             status = "timeout"
-    if status == "stuck":
-        batch.delete_namespaced_job(spec.name, spec.namespace, propagation_policy="Background")
-        echo(f"stuck: {why[0]} for {stuck_s:g} s; deleted Job/{spec.name} and its pods so the nodes are released "
-             "(fix the cause and submit again)")
+    if status in ("stuck", "evicted"):
+        top.delete("Background")
+        echo(f"{why[0]}; deleted {top.kind}/{spec.name} and its pods so the nodes are released (fix the cause and submit "
+             "again)")
     log.join(timeout=max(1.0, min(30.0, deadline - time.monotonic())))
-    return status, phases, log
+    return status, seen.phases, log

@@ -158,7 +158,11 @@ def manifest_files(nodes: int = 2, **overrides) -> dict[str, str]:
             f"{real.sizing.line(real.model, real.world)}.\n/dev/shm {real.shm} GiB a pod (async staging "
             f"{real.staging_gib} GiB, local checkpoints {real.local_copies_gib} GiB).\nThe tokens, once, on FSx: "
             f"python -m nvrx_lab.data prepare TEXT... --tokenizer MODULE:CALLABLE --vocab-size 128256 --out {real.data}")
-    files[f"job-{real.model}-{real.nodes}-nodes.yaml"] = to_yaml(render(real), comments_for(real), header=head)
+    if real.workload_kind == "jobset":
+        head += ("\nA JobSet (from 4 nodes up; the JobSet controller must be installed): a failure recreates every pod "
+                 "at once, the old group gone first (BlockingRecreate), without the Job controller's per-pod back-off.")
+    files[f"{real.workload_kind}-{real.model}-{real.nodes}-nodes.yaml"] = to_yaml(render(real), comments_for(real),
+                                                                                  header=head)
     return files
 
 
