@@ -62,3 +62,23 @@ def test_a_pod_that_only_waits_its_turn_is_not_stuck(aws, kube):  # noqa: F811
                  watch=Watch(timeout_s=1.5, poll_s=0.05, stuck_s=0.2))
     assert res.status == "timeout"
     assert not [p for m, p, *_ in kube.requests if m == "DELETE"]
+
+
+SHM = "The node was low on resource: memory. Container trainer was using 80Gi, which exceeds its request of 64Gi."
+
+
+@pytest.mark.timeout(60)
+def test_evictions_are_said_once_each_and_too_many_end_the_run(aws, kube):  # noqa: F811
+    """The rendered podFailurePolicy ignores DisruptionTarget (a lost node costs no retry), so a pod the kubelet evicts
+    would come back forever: each eviction is one line, and past Watch.max_evictions the Job is deleted."""
+    kube.stuck, kube.evicted = True, {0: SHM, 1: SHM}
+    said: list[str] = []
+    res = submit(SPEC, CLUSTER, REGION, dry_run=False, echo=said.append, access=Access(api_server=kube.url),
+                 watch=Watch(timeout_s=30, poll_s=0.05, max_evictions=1))
+    assert res.status == "evicted"
+    said = [line for line in said if not line.startswith("preflight: ")]
+    assert said[:2] == [f"evicted (index 0, pod job-0-x, 1 of at most 1): {SHM}",
+                        f"evicted (index 1, pod job-1-x, 2 of at most 1): {SHM}"]
+    assert said[-1] == (f"evicted: 2 pods evicted by the kubelet (more than Watch.max_evictions=1; the last: {SHM}); "
+                        "deleted Job/llama-ft and its pods so the nodes are released (fix the cause and submit again)")
+    assert ("DELETE", "/apis/batch/v1/namespaces/nvrx-lab/jobs/llama-ft") in [(m, p) for m, p, *_ in kube.requests]

@@ -64,6 +64,7 @@ class FakeKube(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), Handler)
         self.nodes, self.objects, self.requests, self.polls, self.fail, self.pending = nodes, {}, [], 0, {}, {}
         self.stuck = False  # True: the pods stay Pending
+        self.evicted: dict[int, str] = {}  # index -> the kubelet's message: that pod is Failed, reason Evicted
         self.url = f"http://127.0.0.1:{self.server_address[1]}"
         self.callers = []
         # what preflight reads of a ready cluster: p5 nodes with their GPUs and EFA free, the FSx claim Bound
@@ -153,7 +154,8 @@ class Handler(BaseHTTPRequestHandler):
             phase = "Pending" if srv.polls < 2 or srv.stuck else "Running" if srv.polls < 4 else "Succeeded"
             items = [{"metadata": {"name": f"job-{i}-x", "annotations": {"batch.kubernetes.io/job-completion-index": str(i)},
                                    "creationTimestamp": "2025-01-01T00:00:00Z"},
-                      "status": {"phase": phase, **(srv.pending if phase == "Pending" else {})}}
+                      "status": {"phase": "Failed", "reason": "Evicted", "message": srv.evicted[i]} if i in srv.evicted
+                      else {"phase": phase, **(srv.pending if phase == "Pending" else {})}}
                      for i in range(srv.nodes)]
             return self._send(200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items})
         if path.endswith("/events"):
