@@ -65,6 +65,8 @@ class FakeKube(ThreadingHTTPServer):
         self.nodes, self.objects, self.requests, self.polls, self.fail, self.pending = nodes, {}, [], 0, {}, {}
         self.stuck = False  # True: the pods stay Pending
         self.evicted: dict[int, str] = {}  # index -> the kubelet's message: that pod is Failed, reason Evicted
+        self.failed_jobs: set[str] = set()  # Jobs that end Failed instead of Complete
+        self.log_lines = ["node 0 of 2: 8 workers", "step    5  loss 5.1", 'GOODPUT {"training_goodput": 0.87, "faults": 2}']
         self.url = f"http://127.0.0.1:{self.server_address[1]}"
         self.callers = []
         # what preflight reads of a ready cluster: p5 nodes with their GPUs and EFA free, the FSx claim Bound
@@ -162,15 +164,16 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(200, srv.objects.get(path, {"kind": "EventList", "apiVersion": "v1", "metadata": {},
                                                          "items": []}))
         if path.endswith("/log"):
-            lines = ["node 0 of 2: 8 workers", "step    5  loss 5.1", 'GOODPUT {"training_goodput": 0.87, "faults": 2}', ""]
-            return self._send(200, "\n".join(lines).encode(), "text/plain")
+            return self._send(200, "\n".join([*srv.log_lines, ""]).encode(), "text/plain")
         if path.endswith("/status"):
             obj = srv.objects.get(path.removesuffix("/status"))
             if obj is None:
                 return self._status(404, "not found")
             done = srv.polls >= 4 and not srv.stuck
             complete = "Completed" if "/jobsets/" in path else "Complete"  # a JobSet's condition, a Job's
-            return self._send(200, {**obj, "status": {"succeeded": srv.nodes if done else 0,
+            if path.removesuffix("/status").rsplit("/", 1)[-1] in srv.failed_jobs:
+                complete = "Failed"
+            return self._send(200, {**obj, "status": {"succeeded": srv.nodes if done and complete != "Failed" else 0,
                                                        "conditions": [{"type": complete, "status": "True"}] if done else []}})
         return self._send(200, srv.objects[path]) if path in srv.objects else self._status(404, "not found")
 

@@ -95,6 +95,8 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--fsx-mount-name", dest="fsx_mount_name", default="")
         if name == "submit":
             s.add_argument("--no-preflight", action="store_true", help="skip the preflight checks (said on the console)")
+            s.add_argument("--gate", action="store_true", help="run the EFA gate first (an NCCL all-reduce across two of "
+                                                               "the job's nodes); stop if it fails")
             s.add_argument("--no-dry-run", action="store_true", help="really submit (default: render and validate only)")
             s.add_argument("--replace", action="store_true",
                            help="delete an existing Job of this name (and its pods) first; it resumes from its checkpoints")
@@ -194,7 +196,7 @@ def _run(args: argparse.Namespace) -> int:
         print("\n".join(f"ok: {f.line}" for f in findings))
     elif args.cmd == "submit":
         res = submit(_job(args), args.cluster, args.region, dry_run=not args.no_dry_run, replace=args.replace,
-                     access=Access(api_server=args.api_server, preflight=not args.no_preflight))
+                     access=Access(api_server=args.api_server, preflight=not args.no_preflight, gate=args.gate))
         print("\n".join(res.actions) or f"dry run: {len(res.manifests)} objects valid (pass --no-dry-run to submit)")
         print(f"status: {res.status}; goodput: {res.goodput}")
         return 0 if res.status in ("dry-run", "submitted", "Succeeded") else 1

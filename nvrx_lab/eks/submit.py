@@ -22,6 +22,7 @@ nodes are available: 4 Insufficient nvidia.com/gpu``, ``ErrImagePull`` …), ran
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -30,6 +31,7 @@ import kubernetes.client
 from kubernetes.client.rest import ApiException
 
 from nvrx_lab.eks.auth import EksError, api_client, explain
+from nvrx_lab.eks.gate import gate_manifests, gate_spec
 from nvrx_lab.eks.preflight import Finding
 from nvrx_lab.eks.preflight import preflight as run_preflight
 from nvrx_lab.eks.render import render
@@ -51,6 +53,9 @@ class Access:
     """An endpoint instead of the cluster's own: an SSH tunnel, a proxy to a private endpoint, a test's server."""
     preflight: bool = True
     """Run :func:`~nvrx_lab.eks.preflight.preflight` before a submit creates anything (False: skipped, and said so)."""
+    gate: bool = False
+    """Run the EFA gate (:mod:`nvrx_lab.eks.gate`: an NCCL all-reduce across two of the job's nodes) after the
+    preflight; a failed gate stops the submit with its last line, before the job's own objects exist."""
 
 
 @dataclass
@@ -178,6 +183,8 @@ def submit(spec: JobSpec, cluster: str, region: str, dry_run: bool = True, *, re
         else:
             echo("preflight: skipped (Access(preflight=False)): the image, the volume, the nodes and Pod Security are not "
                  "checked")
+        if access.gate:
+            run_gate(api, spec, watch or WATCH, echo)
         top = Workload(api, spec)
         if not replace and (what := top.describe()):
             raise EksError(f"{top} already exists ({what}): pass replace=True (CLI: --replace) "
@@ -192,6 +199,29 @@ def submit(spec: JobSpec, cluster: str, region: str, dry_run: bool = True, *, re
             result.status, result.phases, log = follow(api, spec, watch, echo, result.waiting)
             result.goodput, result.log_tail = log.goodput, list(log.tail)
     return result
+
+
+GATE_TIMEOUT_S = 1800.0
+"""The gate's watch at most: two pods' image pulls and NCCL's start-up take minutes, the sums seconds."""
+
+
+def run_gate(api: kubernetes.client.ApiClient, spec: JobSpec, watch: Watch, echo: Callable[[str], None]) -> str:
+    """Create the EFA gate of ``spec``, follow it to its end and return its verdict line (``gate: passed …``); a gate
+    that did not pass raises :class:`EksError` with its verdict (the failed Job stays for ``kubectl logs``)."""
+    g = gate_spec(spec)
+    top = Workload(api, g)
+    for m in gate_manifests(spec):
+        echo(f"gate: {_create_or_replace(api, m, top, wait_s=min(300.0, watch.timeout_s), replace=True)}")
+    status, _, log = follow(api, g, dataclasses.replace(watch, timeout_s=min(watch.timeout_s, GATE_TIMEOUT_S)), echo)
+    verdict = next((line for line in reversed(log.tail) if line.startswith(("gate: passed", "gate: FAILED"))), "")
+    if status != "Succeeded" or not verdict.startswith("gate: passed"):
+        raise EksError(f"EFA gate {status}: {verdict or 'no verdict in rank 0 log'}; {spec.name} was not submitted "
+                       f"(kubectl -n {spec.namespace} logs job/{g.name}; python -m nvrx_lab.gpucheck.allreduce's docs)")
+    _delete(top, min(300.0, watch.timeout_s))
+    with contextlib.suppress(ApiException):
+        kubernetes.client.CoreV1Api(api).delete_namespaced_service(g.name, g.namespace)
+    echo(f"{verdict} (Job/{g.name} deleted)")
+    return verdict
 
 
 @contextlib.contextmanager

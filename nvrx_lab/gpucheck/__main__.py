@@ -25,6 +25,9 @@ g. **throughput** — the 1B-class preset, 20 steps in bf16 with activation chec
 Prints torch's, CUDA's and NCCL's versions first, then a summary table (versions on its first line); exits 0
 when every check passed, 1 otherwise, 2 without a CUDA device (still naming the versions).
 ``--only a,c`` runs some of them; ``--cpu-dry-run`` runs a-c, f and g tiny on the CPU (to test this script).
+
+``--nccl-allreduce`` is another thing: the EFA gate, one worker of a torchrun across two nodes
+(:mod:`nvrx_lab.gpucheck.allreduce`; ``python -m nvrx_lab.eks submit --gate`` runs it as a Job first).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from pathlib import Path
 
 import torch
 
+from nvrx_lab.gpucheck import allreduce
 from nvrx_lab.gpucheck.device import check_device_assert, check_nccl_abort
 from nvrx_lab.gpucheck.replicas import check_replica_abort
 from nvrx_lab.gpucheck.throughput import check_throughput
@@ -222,6 +226,9 @@ def print_table(results: list[Result]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--nccl-allreduce" in argv:  # the EFA gate: one worker of torchrun across nodes (nvrx_lab.gpucheck.allreduce)
+        return allreduce.main([a for a in argv if a != "--nccl-allreduce"])
     ap = argparse.ArgumentParser(prog="python -m nvrx_lab.gpucheck", description=__doc__.split("\n")[0])
     ap.add_argument("--only", default="a,b,c,d,e,f,g", help="checks to run, e.g. a,c")
     ap.add_argument("--workdir", default=None, help="folder for checkpoints and metrics (default: a temp folder)")
