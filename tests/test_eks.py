@@ -176,7 +176,8 @@ def test_rank0_and_node_rank_for_any_node_count(nodes, mode):
                                         "IS_RDZV_HOST": str(int(index == 0))})
         if MODES[mode].uses_launcher:
             assert "--rdzv-endpoint=llama-ft-0.llama-ft:29400" in args
-            assert f"--rdzv-conf=is_host={int(index == 0)},join_timeout=1800,read_timeout=600,keep_alive_interval=1" in args
+            assert (f"--rdzv-conf=is_host={int(index == 0)},join_timeout=1800,read_timeout=600,rejoin_read_timeout=60,"
+                    "keep_alive_interval=1") in args
         else:
             assert f"--node-rank={index}" in args and "--master-addr=llama-ft-0.llama-ft" in args
             assert "--rdzv-conf=timeout=1800" in args

@@ -120,7 +120,8 @@ def test_local_run_recreates_the_whole_group_up_to_max_restarts(tmp_path):
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("mode", ["baseline", pytest.param("ft_launcher", marks=pytest.mark.slow)])
+@pytest.mark.slow  # the JobSet's rules: test_local_run_recreates_the_whole_group_up_to_max_restarts; the trainer: test_eks_local
+@pytest.mark.parametrize("mode", ["baseline", "ft_launcher"])
 def test_a_real_trainer_trains_as_a_jobset(mode, tmp_path):
     s = _spec(name="tiny", mode=mode, nodes=2, steps=4, global_batch=16, ckpt_interval=3, train_extra=TINY,
               initial_heartbeat_timeout=60, heartbeat_timeout=30)

@@ -56,8 +56,8 @@ def test_job_controller_rules_backoff_limit_fail_job_and_replacement(tmp_path):
 TINY = ("--seq-len", "16", "--dim", "32", "--n-layers", "1", "--n-heads", "2", "--hidden-dim", "64", "--log-every", "1")
 
 
-@pytest.mark.timeout(150)
-@pytest.mark.parametrize("mode", ["baseline", "ft_launcher"])
+@pytest.mark.timeout(150)  # under the launcher: test_eks_rejoin
+@pytest.mark.parametrize("mode", ["baseline", pytest.param("ft_launcher", marks=pytest.mark.slow)])
 def test_real_trainer_under_local_run(mode, tmp_path):
     import nvrx_lab.train as train
     fields = set(train.TrainConfig.flags())

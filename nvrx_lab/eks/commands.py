@@ -79,7 +79,7 @@ def launch_head(s: JobSpec) -> PodTorchrun | Launcher:
         return PodTorchrun(**common, node_rank="${JOB_COMPLETION_INDEX}", master_addr="${RANK0_HOST}",
                            master_port="${MASTER_PORT}", rdzv_conf=f"timeout={s.rdzv_join_timeout}", max_restarts=0)
     conf = (f"is_host=${{IS_RDZV_HOST}},join_timeout={s.rdzv_join_timeout},read_timeout={s.rdzv_read_timeout},"
-            f"keep_alive_interval={s.rdzv_keep_alive_s}")
+            f"rejoin_read_timeout={s.rdzv_rejoin_read_timeout},keep_alive_interval={s.rdzv_keep_alive_s}")
     on_line = {name: getattr(s.launcher, name) for name in COMMAND_LINE}
     return Launcher(**common, rdzv_backend="c10d", rdzv_endpoint="${RANK0_HOST}:${RDZV_PORT}", rdzv_id=s.name,
                     rdzv_conf=conf, local_addr="${NODE_ADDR}",
@@ -140,8 +140,10 @@ def _launcher_why(s: JobSpec) -> dict[str, str]:
         "--rdzv-endpoint": "the store runs in completion index 0's launcher",
         "--rdzv-id": "one rendezvous per Job",
         "--rdzv-conf": "index 0 hosts the store (no hostname guessing); join and read timeouts: pods start minutes apart "
-                       "(image pulls), and torch's 60 s read timeout would give up on a late index 0; a lost node leaves "
-                       "the rendezvous after 3 keep-alive intervals (torch's 15 s)",
+                       "(image pulls), and torch's 60 s read timeout would give up on a late index 0; once joined, the "
+                       "short rejoin timeout: a vanished index 0 is waited for that long, then the others wait for its "
+                       "replacement and rejoin in their pods; a lost node leaves the rendezvous after 3 keep-alive "
+                       "intervals (torch's 15 s)",
         "--local-addr": "sorts like the completion index (c10d numbers nodes in this order): node rank = index",
         "--max-restarts": "in-pod group restarts after a failure here; then every pod fails (backoffLimit)",
         "--monitor-interval": "seconds between checks of worker exits and heartbeats",

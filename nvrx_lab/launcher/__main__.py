@@ -20,6 +20,7 @@ import uuid
 from typing import TYPE_CHECKING
 
 from nvrx_lab.launcher.cli import ConfigError, parse
+from nvrx_lab.launcher.rejoin import store_lost, wait_for_store
 
 if TYPE_CHECKING:
     from torch.distributed.elastic.rendezvous import RendezvousParameters
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 
     from nvrx_lab.launcher.config import LauncherConfig
     from nvrx_lab.launcher.policy import RestartPolicy
+    from nvrx_lab.launcher.restart_log import RestartLog
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,6 +95,7 @@ def _launch(config: LaunchConfig, cmd: str, cmd_args: list[str], settings: Launc
 
     from nvrx_lab.launcher.agent import HeartbeatAgent
     from nvrx_lab.launcher.monitor import MonitorServer
+    from nvrx_lab.launcher.rejoin import rejoin_timeout, shorten_after_rendezvous
     from nvrx_lab.launcher.restart_log import RestartLog
     from nvrx_lab.launcher.standby import Zygote
 
@@ -109,14 +112,22 @@ def _launch(config: LaunchConfig, cmd: str, cmd_args: list[str], settings: Launc
     result = agent = None
     rdzv_handler = None
     try:
-        rdzv_handler = rdzv_registry.get_rendezvous_handler(params)
-        spec = WorkerSpec(role=config.role, local_world_size=config.nproc_per_node, entrypoint=cmd,
-                          args=tuple(cmd_args), rdzv_handler=rdzv_handler, max_restarts=config.max_restarts,
-                          monitor_interval=config.monitor_interval, master_addr=master_addr,
-                          master_port=master_port, local_addr=config.local_addr)
-        agent = HeartbeatAgent(spec, config.logs_specs, monitors, restart_log, policy, zygote,
-                               start_method=config.start_method, shutdown_timeout=config.shutdown_timeout)
-        result = agent.run()
+        for rejoin in range(config.max_restarts + 1):
+            rdzv_handler = rdzv_registry.get_rendezvous_handler(params)
+            if (short := rejoin_timeout(params.config)) is not None:
+                shorten_after_rendezvous(rdzv_handler, short)
+            spec = WorkerSpec(role=config.role, local_world_size=config.nproc_per_node, entrypoint=cmd,
+                              args=tuple(cmd_args), rdzv_handler=rdzv_handler, max_restarts=config.max_restarts,
+                              monitor_interval=config.monitor_interval, master_addr=master_addr,
+                              master_port=master_port, local_addr=config.local_addr)
+            agent = HeartbeatAgent(spec, config.logs_specs, monitors, restart_log, policy, zygote,
+                                   start_method=config.start_method, shutdown_timeout=config.shutdown_timeout)
+            try:
+                result = agent.run()
+                break
+            except Exception as e:  # noqa: BLE001 - only the store's host lost is handled here
+                if not _rejoin(e, params, restart_log, rejoin, config.max_restarts):
+                    raise
     except SignalException as e:
         restart_log.say(f"launcher got {e.sigval.name}: workers stopped")
         return 128 + int(e.sigval)
@@ -128,6 +139,21 @@ def _launch(config: LaunchConfig, cmd: str, cmd_args: list[str], settings: Launc
             zygote.close()
         shutil.rmtree(directory, ignore_errors=True)
     return exit_status(result, agent.usage_error if agent is not None else None, restart_log, config.max_restarts)
+
+
+def _rejoin(error: BaseException, params: RendezvousParameters, restart_log: RestartLog, rejoin: int,
+            max_rejoins: int) -> bool:
+    """Whether to rejoin after ``error`` (a launcher that does not host the store, which stopped answering): then its
+    replacement's store is waited for (the first-start read timeout at most) and True returned."""
+    if params.get_as_bool("is_host") is not False or not store_lost(error) or rejoin >= max_rejoins:
+        return False
+    first = float(params.config.get("read_timeout", 60))
+    restart_log.say(f"RENDEZVOUS the store at {params.endpoint} stopped answering ({type(error).__name__}): its node is "
+                    f"gone; waiting up to {first:g} s for the replacement's store, then rejoining "
+                    f"({rejoin + 1} of {max_rejoins})")
+    took = wait_for_store(params.endpoint, first)
+    restart_log.say(f"RENDEZVOUS the store at {params.endpoint} answers again after {took:.1f} s: rejoining")
+    return True
 
 
 RENDEZVOUS_CLOSED = 3
