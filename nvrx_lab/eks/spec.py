@@ -23,8 +23,7 @@ from nvrx_lab.eks.modes import Mode, mode
 from nvrx_lab.runner import LauncherConfig
 from nvrx_lab.sizing import StateSize
 
-JOBSET_FROM_NODES = 4
-"""``workload='auto'`` renders a JobSet from this many nodes up."""
+JOBSET_FROM_NODES = 4  # workload='auto' renders a JobSet from this many nodes up
 
 
 @dataclass
@@ -128,12 +127,10 @@ class JobSpec:
     """Seconds a pod waits for all the others to join (pods of a large job pull a ~28 GB image minutes apart):
     the launcher's c10d ``join_timeout``, torchrun's static store ``timeout``."""
     rdzv_read_timeout: int = 600
-    """Launcher modes: the c10d store client's ``read_timeout`` (torch's default 60 s) for a first start: how long a
-    pod keeps dialling index 0's store before it is up (image pulls minutes apart)."""
+    """Launcher modes: the c10d store's ``read_timeout`` (torch's 60 s) at a first start: pods dial index 0 for that long."""
     rdzv_rejoin_read_timeout: int = 60
-    """Launcher modes: the store's read timeout once a rendezvous has completed: how long a store call waits on an
-    index 0 whose node vanished before the others wait for its replacement and rejoin in place
-    (:mod:`nvrx_lab.launcher.rejoin`); at most ``rdzv_read_timeout``."""
+    """The same once a rendezvous completed: a vanished index 0 is waited for that long, then its replacement's store,
+    and the others rejoin in their pods (:mod:`nvrx_lab.launcher.rejoin`); at most ``rdzv_read_timeout``."""
     rdzv_keep_alive_s: int = 1
     """Launcher modes: c10d's ``keep_alive_interval``: a lost node's agent leaves the rendezvous after 3 of them
     (torch's 5 s: 15 s of every lost node's recovery; 1 s: a lost node recovered in 6.5 s, ``bench nodes``). Each
