@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 import socket
 import subprocess
@@ -30,13 +31,13 @@ WORKER = ["-m", "nvrx_lab.demo.inprocess_worker"]
 GLOO_CUT = [str(ROOT / "tests" / "workers" / "inprocess_gloo_cut.py")]
 
 
-def run_job(script: list[str], nproc: int, args: list[str], timeout: float = 60.0):
-    """Start ``nproc`` ranks of ``python *script *args`` with the survivors-keep-running launcher;
-    kill the whole group after."""
+def run_job(script: list[str], nproc: int, args: list[str], timeout: float = 60.0, env: dict | None = None):
+    """Start ``nproc`` ranks of ``python *script *args`` with the survivors-keep-running launcher (``env``: more
+    variables); kill the whole group after."""
     cmd = [sys.executable, "-m", "nvrx_lab.inprocess.spawn", "--nproc", str(nproc), "--",
            sys.executable, *script, *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, cwd=ROOT)
+                            start_new_session=True, cwd=ROOT, env={**os.environ, **(env or {})})
     try:
         out, _ = proc.communicate(timeout=timeout)
         return proc.returncode, out
@@ -146,8 +147,12 @@ def test_cutting_sockets_unblocks_a_gloo_collective_but_pg_abort_does_not():
 @pytest.mark.timeout(90)
 def test_exception_and_hangs_restart_every_rank_in_process(tmp_path):
     faults = "1:0:5:exception,0:1:8:hang,1:2:11:hang_socket"
-    rc, out = run_job(WORKER, 2, worker_args(tmp_path, faults, "--steps", "16"), timeout=80)
+    prefix = tmp_path / "fr" / "rank_"  # each abort dumps the rank's flight recorder first (torch's naming)
+    rc, out = run_job(WORKER, 2, worker_args(tmp_path, faults, "--steps", "16"), timeout=80,
+                      env={"TORCH_FR_BUFFER_SIZE": "64", "TORCH_FR_DUMP_TEMP_FILE": str(prefix)})
     assert rc == 0, out
+    assert out.count(f"flight recorder: {prefix}0") == 3, out  # in each RESTART line of rank 0
+    assert all(pickle.loads(Path(f"{prefix}{r}").read_bytes())["entries"] for r in (0, 1))
     ev = tmp_path / "ev.jsonl"
     done = read_events(ev, "done")
     assert sorted(d["rank"] for d in done) == [0, 1] and all(d["step"] == 16 and d["iteration"] == 3 for d in done)
@@ -158,6 +163,7 @@ def test_exception_and_hangs_restart_every_rank_in_process(tmp_path):
     assert by_iter[1]["cause"] == "hang" and by_iter[2]["cause"] == "hang"
     for r in restarts:
         assert {"detect_s", "abort_s", "health_s", "rendezvous_s", "reload_s", "back_s"} <= set(r)
+        assert r["trace_dump"] == f"{prefix}{r['rank']}", r
         assert r["back_s"] < 30 and r["reload_s"] is not None
     # reload: after each restart training resumes from the last checkpoint (every 5 steps)
     first_steps = {}

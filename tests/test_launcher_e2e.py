@@ -6,6 +6,7 @@ tests/workers/launcher_worker.py`` in its own session with a bounded wait, reads
 worker process is left behind.
 """
 
+import pickle
 from pathlib import Path
 
 import psutil
@@ -23,7 +24,7 @@ def launch(tmp_path, launcher_flags: dict, worker_flags: list[str], timeout=60):
     metrics = tmp_path / "events.jsonl"
     launcher = Launcher.local(2, monitor_interval=0.1, metrics_file=metrics, **launcher_flags)
     res = run(launcher.argv(Worker.of(WORKER, *worker_flags, metrics=metrics)), timeout,
-              env={"PYTHONPATH": str(ROOT), "LOGLEVEL": "WARNING"})
+              env={"PYTHONPATH": str(ROOT), "LOGLEVEL": "WARNING", "TORCH_FR_BUFFER_SIZE": "64"})
     if res.timed_out:
         pytest.fail(f"timed out after {timeout} s (process group killed):\n{res.output[-4000:]}")
     leftovers = [p for p in psutil.process_iter(["cmdline"]) if str(metrics) in " ".join(p.info["cmdline"] or [])]
@@ -72,6 +73,15 @@ def test_hangs_detected_and_restarted_with_standby(tmp_path):
     starts = [e for e in ev if e["kind"] == "worker_start" and e["restart"] > 0]
     assert starts and all(e["import_s"] < 0.05 for e in starts)  # warm standby: torch already imported
     assert len([e for e in ev if e["kind"] == "launcher_ready"]) == 2
+    # before each stop, both ranks' flight recorders (gloo's, in torch 2.13) beside the metrics, named in the log
+    dumps = [e for e in ev if e["kind"] == "trace_dump"]
+    assert sorted(e["rank"] for e in dumps) == [0, 0, 1, 1] and all(e["ok"] and e["entries"] > 0 for e in dumps), dumps
+    prefix = tmp_path / "nccl-trace" / "rank_"
+    assert out.count(f"flight recorder dumped to {prefix}<rank>: rank 0 (") == 2
+    last = {r: pickle.loads(Path(f"{prefix}{r}").read_bytes())["entries"][-1] for r in (0, 1)}  # the second hang's
+    assert {e["profiling_name"] for e in last.values()} == {"gloo:all_reduce"}
+    # the hung rank 1 never entered the sum rank 0 waits in: the dumps say which collective, and who is missing
+    assert last[0]["collective_seq_id"] == last[1]["collective_seq_id"] + 1, last
 
 
 @pytest.mark.timeout(90)

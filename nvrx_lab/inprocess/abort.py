@@ -15,6 +15,8 @@ import abc
 import torch
 import torch.distributed as dist
 
+from nvrx_lab.flight_recorder import take_dump
+
 from .interrupt import SocketTracker
 from .state import State
 
@@ -40,8 +42,18 @@ class AbortTorchDistributed(Abort):
     def __init__(self, sockets: SocketTracker | None = None):
         self.sockets = sockets
         """Set by the Wrapper to the attempt's tracker; ``None`` skips the gloo part."""
+        self.dump_to: str | None = None
+        """Set by the Wrapper: where this rank's flight recorder goes before the abort (``$TORCH_FR_DUMP_TEMP_FILE``
+        and the rank, torch's own naming); ``None``: no dump."""
+        self.dumped: dict | None = None
+        """The last dump's outcome (:func:`~nvrx_lab.flight_recorder.take_dump`), for the restart record."""
 
     def __call__(self, state: State) -> State:
+        if self.dump_to is not None:  # first: which collective never completed, before the abort clears the way
+            try:
+                self.dumped = {**take_dump(self.dump_to), "path": self.dump_to}
+            except Exception as exc:  # noqa: BLE001 - a dump that failed must not stop the abort
+                self.dumped = {"ok": False, "why": f"{type(exc).__name__}: {exc}", "path": self.dump_to}
         try:
             abort_nccl()
         finally:

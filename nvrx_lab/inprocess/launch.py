@@ -38,6 +38,8 @@ class Launch:
     """``GLOO_DEVICE_TRANSPORT``: gloo's transport (only TCP's sockets can be counted and cut)."""
     gloo_interfaces: tuple[str, ...] = ()
     """``GLOO_SOCKET_IFNAME``, split at commas: gloo opens one connection per peer and interface."""
+    trace_dump_prefix: str | None = None
+    """``TORCH_FR_DUMP_TEMP_FILE``: an abort first dumps this rank's flight recorder to ``<prefix><rank>``."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Launch:
@@ -46,7 +48,8 @@ class Launch:
         return cls(rank=_int(env, "RANK", 0), world_size=_int(env, "WORLD_SIZE", 1),
                    master_addr=env.get("MASTER_ADDR", "127.0.0.1"), master_port=_int(env, "MASTER_PORT", None),
                    gloo_transport=env.get("GLOO_DEVICE_TRANSPORT", "TCP"),
-                   gloo_interfaces=tuple(n for n in env.get("GLOO_SOCKET_IFNAME", "").split(",") if n.strip()))
+                   gloo_interfaces=tuple(n for n in env.get("GLOO_SOCKET_IFNAME", "").split(",") if n.strip()),
+                   trace_dump_prefix=env.get("TORCH_FR_DUMP_TEMP_FILE") or None)
 
     def store_address(self, host: str | None, port: int | None) -> tuple[str, int]:
         """The wrapper's store: ``host``/``port`` where given, else ``MASTER_ADDR`` and ``MASTER_PORT + 1``."""

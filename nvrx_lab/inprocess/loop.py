@@ -59,7 +59,8 @@ class RestartLoop:
         self.interrupter = MainThreadInterrupter()
         self.excepthook = sys.excepthook
         self.sockets = SocketTracker()
-        self.abort = cfg.bind_abort(self.sockets)
+        prefix = self.launch.trace_dump_prefix
+        self.abort = cfg.bind_abort(self.sockets, None if prefix is None else f"{prefix}{self.me}")
         try:
             self.proc, self.progress = monitor_process.start(cfg.process_settings(self.launch))
             # every client is made now, before the monitor thread runs: a TCPStore client holds
@@ -101,6 +102,8 @@ class RestartLoop:
             if own_exc is not None:  # only a rank that raised reads the fault reports now (was it the root cause?)
                 self._record(iteration, t_stop, record)  # ... every rank reads them after the rendezvous
             record.abort_s = abort_s
+            if (dumped := cfg.dumped()) is not None:
+                record.trace_dump = dumped["path"] if dumped.get("ok") else f"not dumped: {dumped.get('why')}"
             t0 = time.monotonic()
             own = own_exc if (record.fault_rank == me and record.cause == "exception") else None
             try:

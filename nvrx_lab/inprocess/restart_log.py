@@ -64,6 +64,8 @@ class RestartRecord:
     """Peak CUDA memory this rank allocated during the attempt that ended (``None`` without CUDA)."""
     cuda_left_bytes: int | None = None
     """CUDA memory still allocated once that attempt was released: what the next one starts with."""
+    trace_dump: str | None = None
+    """Where this rank's abort dumped its flight recorder (or why it did not); ``None``: no abort, or no folder."""
 
     def fields(self) -> dict:
         return dataclasses.asdict(self)
@@ -72,8 +74,9 @@ class RestartRecord:
         timing = ", ".join(f"{k} {v:.3f} s" for k, v in
                            (("detect", self.detect_s), ("abort", self.abort_s), ("health", self.health_s),
                             ("rendezvous", self.rendezvous_s)) if v is not None)
+        dump = f"; flight recorder: {self.trace_dump}" if self.trace_dump else ""
         return (f"attempt {self.iteration}: {self.cause} on rank {self.fault_rank}: {self.detail[:300]} "
-                f"({timing})")
+                f"({timing}){dump}")
 
 
 class RestartLimitError(RuntimeError):

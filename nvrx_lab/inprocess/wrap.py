@@ -154,13 +154,23 @@ class Wrapper:
         return GroupSettings(self.pg_timeout, self.nccl_min_timeout, self.gloo_max_timeout,
                              launch.gloo_transport, len(launch.gloo_interfaces))
 
-    def bind_abort(self, sockets: SocketTracker) -> Callable:
-        """Give every :class:`AbortTorchDistributed` in ``abort`` the attempt's socket tracker."""
+    def bind_abort(self, sockets: SocketTracker, dump_to: str | None = None) -> Callable:
+        """Give every :class:`AbortTorchDistributed` in ``abort`` the attempt's socket tracker and where its flight
+        recorder dump goes."""
         policies = self.abort.policies if isinstance(self.abort, Compose) else (self.abort,)
         for p in policies:
             if isinstance(p, AbortTorchDistributed):
-                p.sockets = sockets
+                p.sockets, p.dump_to = sockets, dump_to
         return self.abort
+
+    def dumped(self) -> dict | None:
+        """The last flight-recorder dump an abort took (see :meth:`bind_abort`), then forgotten."""
+        policies = self.abort.policies if isinstance(self.abort, Compose) else (self.abort,)
+        for p in policies:
+            if isinstance(p, AbortTorchDistributed) and p.dumped is not None:
+                out, p.dumped = p.dumped, None
+                return out
+        return None
 
     def __call__(self, fn: Callable) -> Callable:
         @functools.wraps(fn)

@@ -19,7 +19,7 @@ import tempfile
 import uuid
 from typing import TYPE_CHECKING
 
-from nvrx_lab.launcher.cli import ConfigError, parse
+from nvrx_lab.launcher.cli import ConfigError, parse, trace_dump_prefix
 from nvrx_lab.launcher.rejoin import store_lost, wait_for_store
 
 if TYPE_CHECKING:
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 def main(argv: list[str] | None = None) -> int:
     try:
         args, settings = parse(argv, environ=os.environ)  # the launcher's environment: read here, and only here
+        settings.trace_dump_prefix = trace_dump_prefix(settings, os.environ)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -122,6 +123,7 @@ def _launch(config: LaunchConfig, cmd: str, cmd_args: list[str], settings: Launc
                               master_port=master_port, local_addr=config.local_addr)
             agent = HeartbeatAgent(spec, config.logs_specs, monitors, restart_log, policy, zygote,
                                    start_method=config.start_method, shutdown_timeout=config.shutdown_timeout)
+            agent.trace_dump_prefix = settings.trace_dump_prefix
             try:
                 result = agent.run()
                 break

@@ -43,6 +43,7 @@ from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, W
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
 
+from nvrx_lab.flight_recorder import request_dumps
 from nvrx_lab.launcher.monitor import LAST_FAILURE_ENV, MonitorServer
 from nvrx_lab.launcher.policy import TOLERATES_ENV, USAGE_ERROR, RestartPolicy, any_failed, tolerated_losses
 from nvrx_lab.launcher.restart_log import Failure, RestartLog, describe_exit
@@ -102,6 +103,8 @@ class HeartbeatAgent(LocalElasticAgent):
         self._tolerated: set[int] = set()
         self._awaiting_ready = False
         self._last_failure: str | None = None  # JSON for the next workers: the failure they restart from
+        self.trace_dump_prefix: str | None = None
+        """Where a hang's flight-recorder dumps go (``<prefix><rank>``); None: not dumped, and said."""
         self.usage_error: Failure | None = None
         """The worker that exited with a usage error, if one did: the job stopped without a restart."""
 
@@ -161,6 +164,13 @@ class HeartbeatAgent(LocalElasticAgent):
         except subprocess.TimeoutExpired:
             handler.close(signal.SIGKILL)
             handler.proc.wait(self._shutdown_timeout)
+
+    def _dump_traces(self, workers, exits: dict[int, int | None]) -> None:
+        """Every live local rank's flight recorder, to ``trace_dump_prefix`` (said in the restart log)."""
+        prefix = self.trace_dump_prefix
+        live = {lr: workers[lr].global_rank for lr, rc in exits.items() if rc is None}
+        replies = request_dumps(self.monitors.dir, live, prefix) if prefix and live else {}
+        self.restart_log.trace_dumps(replies, prefix)
 
     # ------------------------------------------------------------ monitoring
     def _losses(self, workers) -> tuple[dict[int, int | None], list[Failure]]:
@@ -242,6 +252,8 @@ class HeartbeatAgent(LocalElasticAgent):
             return RunResult(state=WorkerState.HEALTHY)
         nxt = self.restart_count + 1 if self._remaining_restarts > 0 else None
         self.restart_log.failure(lost, nxt)
+        if any(f.reason == "hang" for f in lost):  # before the stop: which collective never completed, rank by rank
+            self._dump_traces(workers, exits)
         first = lost[0]  # the likely cause: what the next workers say they recovered from (their environment)
         self._last_failure = json.dumps({"t": time.time() - (first.detect_s or 0.0), "rank": first.rank,
                                          "cause": first.reason})

@@ -20,6 +20,7 @@ with torchrun's parser as its parent).
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -77,6 +78,10 @@ def load_yaml(path: str) -> dict[str, Any]:
     return {**{k: str(v) for k, v in data.items() if k in TORCHRUN_KEYS}, **{k: getattr(config, k) for k in ours}}
 
 
+TRACE_ENV = "TORCH_FR_DUMP_TEMP_FILE"
+"""torch's prefix of its flight-recorder dumps (the manifests set it to ``$(RUN_DIR)/nccl-trace/rank_``)."""
+
+
 def parse(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> tuple[argparse.Namespace, LauncherConfig]:
     """torchrun's namespace plus our config; flags > YAML > defaults. ``environ``: the launcher's environment
     (``$NVRX_LAB_METRICS``, the event file when ``--metrics-file`` is not given). Raises :class:`ConfigError`."""
@@ -98,3 +103,13 @@ def parse(argv: list[str] | None = None, environ: Mapping[str, str] | None = Non
         except ValueError as e:
             raise ConfigError(str(e)) from None
     return args, config
+
+
+def trace_dump_prefix(config: LauncherConfig, environ: Mapping[str, str]) -> str | None:
+    """Where a hang's flight-recorder dumps go: the setting, else ``$TORCH_FR_DUMP_TEMP_FILE``, else ``nccl-trace/rank_``
+    beside the metrics file, else None."""
+    if config.trace_dump_prefix is not None:
+        return config.trace_dump_prefix
+    beside = os.path.join(os.path.dirname(os.path.abspath(config.metrics_file)), "nccl-trace", "rank_") \
+        if config.metrics_file else None
+    return environ.get(TRACE_ENV) or beside

@@ -28,6 +28,7 @@ import socket
 import sys
 import time
 
+from nvrx_lab.flight_recorder import DumpListener
 from nvrx_lab.launcher.monitor import LAST_FAILURE_ENV, MONITOR_DIR_ENV, socket_path
 from nvrx_lab.launcher.timeouts import Observed, Timeouts, calculate
 
@@ -50,6 +51,7 @@ class RankMonitorClient:
         self._t_init = self._last = 0.0
         self._first = True
         self._sections: dict[str, float] = {}
+        self._dumps: DumpListener | None = None
 
     @staticmethod
     def last_failure() -> dict | None:
@@ -101,6 +103,8 @@ class RankMonitorClient:
         self._sock = sock
         self._t_init = self._last = time.monotonic()
         self._first = True
+        if self._dumps is None:  # the launcher asks for this rank's flight recorder on a hang
+            self._dumps = DumpListener(self.directory, self.local_rank)
 
     def _send(self, payload: bytes) -> None:
         if self._sock is None:
@@ -180,3 +184,6 @@ class RankMonitorClient:
             pass
         self._sock.close()
         self._sock = None
+        if self._dumps is not None:
+            self._dumps.close()
+            self._dumps = None

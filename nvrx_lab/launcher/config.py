@@ -94,6 +94,9 @@ class LauncherConfig(Settings):
     """Modules the standby zygote imports once, comma-separated (never anything that initialises CUDA)."""
     metrics_file: str | None = field(default=None, metadata={"parse": str})
     """JSONL event stream for restart events (default: $NVRX_LAB_METRICS, else none)."""
+    trace_dump_prefix: str | None = field(default=None, metadata={"parse": str})
+    """Where a hang's flight-recorder dumps go, ``<prefix><rank>`` (default: $TORCH_FR_DUMP_TEMP_FILE, torch's own
+    dumps' naming; else ``nccl-trace/rank_`` beside the metrics file; else none, and said)."""
 
     def __post_init__(self) -> None:
         self.max_restarts = _integer("max_restarts", self.max_restarts, 0)

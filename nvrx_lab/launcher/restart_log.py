@@ -95,6 +95,19 @@ class RestartLog:
                              detail=f.detail, exit_code=f.exit_code, signal=f.signal, detect_s=f.detect_s,
                              restart_count=restart, max_restarts=self.max_restarts, action=action)
 
+    def trace_dumps(self, replies: dict[int, dict], prefix: str | None) -> None:
+        """The flight-recorder dumps taken on a hang (``{global rank: reply}``), in one line and one event each."""
+        if prefix is None:
+            self.say("flight recorder: not dumped (no folder: set TORCH_FR_DUMP_TEMP_FILE or --metrics-file)")
+            return
+        for rank, r in sorted(replies.items()):
+            self.events.emit("trace_dump", rank=rank, ok=bool(r.get("ok")), path=r.get("path"), entries=r.get("entries"),
+                             why=r.get("why"))
+        done = {rank: r for rank, r in replies.items() if r.get("ok")}
+        said = ", ".join(f"rank {rank} ({r['entries']} entries)" for rank, r in sorted(done.items())) or "none"
+        missed = "; ".join(f"rank {rank}: {r.get('why')}" for rank, r in sorted(replies.items()) if not r.get("ok"))
+        self.say(f"flight recorder dumped to {prefix}<rank>: {said}" + (f"; not dumped: {missed}" if missed else ""))
+
     def restarted(self) -> None:
         if self._detected_at is None:
             return
