@@ -341,3 +341,16 @@ def test_trainer_accepts_every_rendered_trainer_flag():
         s = spec(mode=m)
         assert s.mode_info.restart in choices["restart"]
         assert s.ckpt_mode in choices["ckpt"]
+
+
+def test_the_trainer_never_runs_as_root_and_the_one_root_step_only_chowns_the_run_folder():
+    from nvrx_lab.eks.render import RUN_AS
+
+    pod = job_of(render(spec()))["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS}
+    assert "runAsUser" not in pod["containers"][0]["securityContext"]  # the pod's: uid 1000
+    init = pod["initContainers"][0]
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+    assert init["command"][-1] == f'mkdir -p "$RUN_DIR" && chown {RUN_AS}:{RUN_AS} "$RUN_DIR"'
+    assert {"name": "RUN_DIR", "value": "/fsx/llama-ft"} in init["env"]
+    assert f"USER {RUN_AS}:{RUN_AS}" in (ROOT / "manifests" / "Dockerfile").read_text()  # the image agrees

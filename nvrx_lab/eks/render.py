@@ -201,6 +201,22 @@ def affinity(s: JobSpec) -> dict:
     return out
 
 
+RUN_AS = 1000
+"""The image's user (``manifests/Dockerfile``): the training container never runs as root."""
+
+
+def run_dir_init(s: JobSpec) -> dict:
+    """The one root step: this job's folder on FSx made and given to :data:`RUN_AS` (FSx's root folder is root's), with
+    nothing but ``CHOWN``; then the trainer, as that user, writes its checkpoints and metrics there."""
+    return {"name": "run-dir", "image": s.image, "imagePullPolicy": s.image_pull_policy,
+            "command": ["/bin/sh", "-c", f'mkdir -p "$RUN_DIR" && chown {RUN_AS}:{RUN_AS} "$RUN_DIR"'],
+            "env": [{"name": "RUN_DIR", "value": s.run_dir}],
+            "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "64Mi"}},
+            "securityContext": {"runAsUser": 0, "runAsNonRoot": False, "allowPrivilegeEscalation": False,
+                                "capabilities": {"drop": ["ALL"], "add": ["CHOWN"]}},
+            "volumeMounts": [{"name": "fsx", "mountPath": s.mount_path}]}
+
+
 def pod_template(s: JobSpec) -> dict:
     """The pod of every completion index (also the JobSet's child Job's)."""
     pod_spec: dict = {
@@ -213,6 +229,8 @@ def pod_template(s: JobSpec) -> dict:
                          **({"topology.kubernetes.io/zone": s.zone} if s.zone else {})},
         "tolerations": tolerations(s),
         "affinity": affinity(s),
+        "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS},
+        "initContainers": [run_dir_init(s)],
         "containers": [container(s)],
         "volumes": volumes(s),
     }
