@@ -43,8 +43,13 @@ def _submit(kube, **changes):  # noqa: F811 - the fixture's server
 def test_a_ready_cluster_passes_and_submit_says_each_check(ecr, kube):  # noqa: F811
     result, said = _submit(kube)
     assert result.status == "submitted"
+    digest = ecr.describe_images(repositoryName="llama-train", imageIds=[{"imageTag": "7"}])["imageDetails"][0][
+        "imageDigest"]
+    assert said.pop() == f"image: {IMAGE} pinned to {digest} (every pod, replacements too, runs this image)"
+    job = [body for m, p, body, _ in kube.requests if m == "POST" and p.endswith("/jobs")][0]
+    assert job["spec"]["template"]["spec"]["containers"][0]["image"] == f"{IMAGE}@{digest}"  # a tag moves, this not
     assert said == [f"preflight: {line}" for line in (
-        "no example values", f"image {IMAGE}: in ECR", "volume: fsx-claim Bound",
+        "no example values", f"image {IMAGE}: in ECR, {digest[:19]}…", "volume: fsx-claim Bound",
         "nodes: 2 of 2 p5.48xlarge nodes ready with 8 GPUs and 32 EFA, 2 wanted",
         "namespace nvrx-lab: created by this submit (enforce privileged)",
         "controller: the Job controller (an Indexed Job)")]
@@ -110,7 +115,7 @@ def test_the_command_prints_every_check_and_an_error_line_for_each_failure(ecr, 
     argv = ["preflight", "--cluster", CLUSTER, "--region", REGION, "--name", "llama-ft", "--image", IMAGE,
             "--api-server", kube.url]
     assert eks_main(argv) == 0
-    assert capsys.readouterr().out.splitlines()[:2] == ["ok: no example values", f"ok: image {IMAGE}: in ECR"]
+    assert capsys.readouterr().out.splitlines()[1].startswith(f"ok: image {IMAGE}: in ECR, sha256:")
     kube.objects["/api/v1/namespaces/nvrx-lab/persistentvolumeclaims/fsx-claim"]["status"]["phase"] = "Lost"
     assert eks_main([*argv, "--nodes", "3"]) == 1
     err = capsys.readouterr().err.splitlines()

@@ -46,6 +46,8 @@ class Finding:
     ok: bool
     line: str
     """What was found; for a failure ``JobSpec.<field>: <problem>; <what to do>``."""
+    value: str = ""
+    """What the check learnt that a submit uses: the image's digest (``sha256:…``)."""
 
 
 class PreflightFailed(EksError):
@@ -76,7 +78,7 @@ def image(spec: JobSpec, session: boto3.session.Session) -> Finding:
         return Finding("image", True, f"image {spec.image}: not in ECR, not checked (the nodes must be able to pull it)")
     ref = {"imageDigest": m["digest"]} if m["digest"] else {"imageTag": m["tag"] or "latest"}
     try:
-        session.client("ecr", region_name=m["region"]).describe_images(
+        found = session.client("ecr", region_name=m["region"]).describe_images(
             registryId=m["account"], repositoryName=m["repo"], imageIds=[ref])
     except ClientError as exc:
         code = exc.response.get("Error", {}).get("Code", "")
@@ -87,7 +89,8 @@ def image(spec: JobSpec, session: boto3.session.Session) -> Finding:
     except BotoCoreError as exc:
         return Finding("image", False, f"JobSpec.image: {spec.image}: ECR could not be asked ({exc}); check the "
                                        "credentials and the region")
-    return Finding("image", True, f"image {spec.image}: in ECR")
+    digest = found["imageDetails"][0]["imageDigest"]
+    return Finding("image", True, f"image {spec.image}: in ECR, {digest[:19]}…", value=digest)
 
 
 def volume(spec: JobSpec, core: kubernetes.client.CoreV1Api) -> Finding:

@@ -178,8 +178,11 @@ def submit(spec: JobSpec, cluster: str, region: str, dry_run: bool = True, *, re
     access = access or Access()
     with _cluster_api(cluster, region, spec.namespace, access) as api:
         if access.preflight:
-            for finding in run_preflight(spec, api, access.session or boto3.session.Session()):
+            findings = run_preflight(spec, api, access.session or boto3.session.Session())
+            for finding in findings:
                 echo(f"preflight: {finding.line}")
+            spec, manifests = _pinned(spec, findings, manifests, echo)
+            result.manifests = manifests
         else:
             echo("preflight: skipped (Access(preflight=False)): the image, the volume, the nodes and Pod Security are not "
                  "checked")
@@ -199,6 +202,19 @@ def submit(spec: JobSpec, cluster: str, region: str, dry_run: bool = True, *, re
             result.status, result.phases, log = follow(api, spec, watch, echo, result.waiting)
             result.goodput, result.log_tail = log.goodput, list(log.tail)
     return result
+
+
+def _pinned(spec: JobSpec, findings: list[Finding], manifests: list[dict], echo) -> tuple[JobSpec, list[dict]]:
+    """``spec`` with its image pinned to the digest preflight found (a tag moves: a pod replaced an hour later would
+    pull another image than its peers), and its manifests rendered again; as given when it has a digest already."""
+    digest = next((f.value for f in findings if f.check == "image" and f.value), "")
+    if not digest or "@" in spec.image:
+        return spec, manifests
+    pinned = dataclasses.replace(spec, image=f"{spec.image}@{digest}")
+    echo(f"image: {spec.image} pinned to {digest} (every pod, replacements too, runs this image)")
+    manifests = render(pinned)
+    validate(manifests)
+    return pinned, manifests
 
 
 GATE_TIMEOUT_S = 1800.0
