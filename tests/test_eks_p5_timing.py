@@ -163,3 +163,22 @@ def test_every_pod_lands_in_one_zone_the_first_pods_or_the_one_named():
     named = pod(zone="us-west-2b")
     assert named["nodeSelector"]["topology.kubernetes.io/zone"] == "us-west-2b" and "podAffinity" not in named["affinity"]
     assert "podAffinity" not in pod(instance_type="g5.xlarge")["affinity"]  # no EFA
+
+
+def test_the_kueue_cluster_queue_covers_every_resource_the_pods_ask_for():
+    """A resource the ClusterQueue does not cover leaves the job pending for good: the queue is read from the pod."""
+    from nvrx_lab.eks.kueue import kueue_objects
+
+    s = JobSpec(name="a", image="i", nodes=16, workload="job", queue_name="p5", hugepages_2mi=1024, model="llama3.1-8b",
+                local_ckpt_interval=5, local_ckpt_on_nvme=True)
+    pod = find(render(s), "Job")[0]["spec"]["template"]["spec"]
+    flavor, queue, local = kueue_objects(s, pod)
+    group = queue["spec"]["resourceGroups"][0]
+    assert group["coveredResources"] == ["cpu", "memory", "nvidia.com/gpu", "vpc.amazonaws.com/efa", "hugepages-2Mi",
+                                         "ephemeral-storage"]
+    quota = {r["name"]: r["nominalQuota"] for r in group["flavors"][0]["resources"]}
+    assert quota["nvidia.com/gpu"] == "128" and quota["vpc.amazonaws.com/efa"] == "512"  # 16 pods x 8 GPUs, x 32 EFA
+    assert quota["hugepages-2Mi"] == "16384Mi" and quota["cpu"] == "2752"  # 16 x 172 (90 % of 192 vCPUs)
+    assert flavor["spec"]["nodeLabels"] == {"node.kubernetes.io/instance-type": "p5.48xlarge"}
+    assert local["metadata"] == {"name": "p5", "namespace": "nvrx-lab"} and local["spec"]["clusterQueue"] == queue[
+        "metadata"]["name"]
