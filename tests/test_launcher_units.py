@@ -236,3 +236,24 @@ def test_a_launcher_whose_rendezvous_another_node_closed_does_not_exit_0(capsys)
     assert exit_status(done, None, log, 3) == 0 and exit_status(failed, None, log, 3) == 1
     assert exit_status(failed, SimpleNamespace(exit_code=2), log, 3) == 2
     assert log.lines[-1] == "[nvrx-lab-launch] workers failed after 3 restart(s); giving up"
+
+
+def test_progress_is_a_newer_committed_step_and_three_attempts_without_one_stop(tmp_path):
+    import json
+
+    from nvrx_lab.eks.render import pod_failure_policy
+    from nvrx_lab.launcher.progress import NO_PROGRESS, ProgressTracker
+
+    stream = tmp_path / "m.jsonl"
+    write = lambda *events: stream.open("a").write("".join(json.dumps(e) + "\n" for e in events))  # noqa: E731
+    write({"kind": "ckpt_commit", "step": 100})  # an earlier launch of the run: not this launch's progress
+    t = ProgressTracker(str(stream), 3)
+    assert (t.restart(), t.restart()) == (False, False) and t.without == 2
+    write({"kind": "step", "step": 104}, {"kind": "ckpt_commit", "step": 105})
+    assert not t.restart() and t.without == 0  # step 105 committed: the count starts again
+    stream.open("a").write('{"kind": "ckpt_commit", "st')  # a torn line, read once it is whole
+    assert [t.restart(), t.restart(), t.restart()] == [False, False, True] and t.committed == 105
+    assert t.line().startswith("no progress: 3 attempts in a row ended without committing a newer checkpoint (the "
+                               "last committed: step 105); stopping with exit 4")
+    assert not ProgressTracker(None, 3).restart() and not ProgressTracker(str(stream), 0).restart()  # off
+    assert pod_failure_policy()["rules"][0]["onExitCodes"]["values"] == [2, NO_PROGRESS]  # the Job fails, not retried

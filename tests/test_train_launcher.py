@@ -56,3 +56,21 @@ def test_a_sigkill_under_launcher_and_inprocess_restarts_the_group_once_from_the
     assert "discarded" not in price.phases and {"detect", "teardown", "start", "restore"} <= set(price.phases)
     assert price.back_s == pytest.approx(sum(price.phases[k] for k in ("detect", "teardown", "start", "rendezvous",
                                                                         "restore", "start_line") if k in price.phases))
+
+
+@pytest.mark.timeout(200)
+def test_attempts_that_never_commit_stop_the_launcher_with_exit_4(port, tmp_path):
+    """Each attempt fails before its first checkpoint (every 5 steps: faults at steps 2, 3, 4): after 3 such attempts the launcher
+    stops with its no-progress code, with 7 of its 10 restarts unspent, and says so in one line."""
+    metrics = tmp_path / "m.jsonl"
+    launcher = Launcher.local(2, port, max_restarts=10, heartbeat_timeout=5, initial_heartbeat_timeout=60,
+                              monitor_interval=0.2, metrics_file=metrics)
+    cmd = launcher.argv(trainer(restart="launcher", ckpt="async", ckpt_dir=tmp_path / "ckpt", ckpt_interval=5, steps=12,
+                                faults="1:2:exception,1:3:exception,1:4:exception", metrics=metrics, log_every=0,
+                                global_batch=4, seq_len=32))
+    res = run_group(cmd, timeout=180)
+    assert res.returncode == 4, res.stdout[-4000:]
+    assert "restart 2/10" in res.stdout and "restart 3/10" not in res.stdout, res.stdout[-4000:]
+    assert ("no progress: 3 attempts in a row ended without committing a newer checkpoint (the last committed: none "
+            "yet); stopping with exit 4") in res.stdout
+    assert {e["restart_count"] for e in read_events(metrics) if e["kind"] == "start"} == {0, 1, 2}

@@ -176,8 +176,10 @@ def volumes(s: JobSpec) -> list[dict]:
 
 
 def pod_failure_policy() -> dict:
+    """FailJob on exit 2 (a usage error) and 4 (the launcher's no-progress stop: nvrx_lab.launcher.progress), not
+    retried; a lost node (``DisruptionTarget``) costs no retry."""
     return {"rules": [
-        {"action": "FailJob", "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": [2]}},
+        {"action": "FailJob", "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": [2, 4]}},
         {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
     ]}
 

@@ -20,6 +20,7 @@ import uuid
 from typing import TYPE_CHECKING
 
 from nvrx_lab.launcher.cli import ConfigError, parse, trace_dump_prefix
+from nvrx_lab.launcher.progress import NO_PROGRESS
 from nvrx_lab.launcher.rejoin import store_lost, wait_for_store
 
 if TYPE_CHECKING:
@@ -96,6 +97,7 @@ def _launch(config: LaunchConfig, cmd: str, cmd_args: list[str], settings: Launc
 
     from nvrx_lab.launcher.agent import HeartbeatAgent
     from nvrx_lab.launcher.monitor import MonitorServer
+    from nvrx_lab.launcher.progress import ProgressTracker
     from nvrx_lab.launcher.rejoin import rejoin_timeout, shorten_after_rendezvous
     from nvrx_lab.launcher.restart_log import RestartLog
     from nvrx_lab.launcher.standby import Zygote
@@ -112,6 +114,7 @@ def _launch(config: LaunchConfig, cmd: str, cmd_args: list[str], settings: Launc
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "0"  # torch's rendezvous: workers are clients of our stores
     result = agent = None
     rdzv_handler = None
+    progress = ProgressTracker(settings.metrics_file, settings.max_no_progress_cycles)  # one count across rejoins
     try:
         for rejoin in range(config.max_restarts + 1):
             rdzv_handler = rdzv_registry.get_rendezvous_handler(params)
@@ -123,7 +126,7 @@ def _launch(config: LaunchConfig, cmd: str, cmd_args: list[str], settings: Launc
                               master_port=master_port, local_addr=config.local_addr)
             agent = HeartbeatAgent(spec, config.logs_specs, monitors, restart_log, policy, zygote,
                                    start_method=config.start_method, shutdown_timeout=config.shutdown_timeout)
-            agent.trace_dump_prefix = settings.trace_dump_prefix
+            agent.trace_dump_prefix, agent.progress = settings.trace_dump_prefix, progress
             try:
                 result = agent.run()
                 break
@@ -140,7 +143,8 @@ def _launch(config: LaunchConfig, cmd: str, cmd_args: list[str], settings: Launc
         if zygote is not None:
             zygote.close()
         shutil.rmtree(directory, ignore_errors=True)
-    return exit_status(result, agent.usage_error if agent is not None else None, restart_log, config.max_restarts)
+    return exit_status(result, agent.usage_error if agent is not None else None, restart_log, config.max_restarts,
+                       agent.no_progress if agent is not None else None)
 
 
 def _rejoin(error: BaseException, params: RendezvousParameters, restart_log: RestartLog, rejoin: int,
@@ -163,10 +167,11 @@ RENDEZVOUS_CLOSED = 3
 Kubernetes an index that exits 0 is Succeeded for good), not a usage error (2)."""
 
 
-def exit_status(result, usage_error, restart_log, max_restarts: int) -> int:
+def exit_status(result, usage_error, restart_log, max_restarts: int, no_progress: str | None = None) -> int:
     """The launcher's exit status from torch's agent's ``result``: 0 when the workers succeeded; a usage error's own;
     :data:`RENDEZVOUS_CLOSED` when torch's agent returned nothing (the rendezvous was closed by another node, which
-    finished or gave up, before this one trained to the end: said in one line); 1 when the workers failed."""
+    finished or gave up, before this one trained to the end: said in one line); ``NO_PROGRESS`` (4) when restarts
+    committed nothing new (``no_progress``, the line that says so); 1 when the workers failed."""
     if result is None:
         restart_log.say(f"the rendezvous was closed by another node (it finished or gave up) before this node's workers "
                         f"finished: exit {RENDEZVOUS_CLOSED}, not 0, so this node is not counted as done")
@@ -175,6 +180,9 @@ def exit_status(result, usage_error, restart_log, max_restarts: int) -> int:
         return 0
     if usage_error is not None:
         return usage_error.exit_code
+    if no_progress is not None:
+        restart_log.say(no_progress)
+        return NO_PROGRESS
     restart_log.say(f"workers failed after {max_restarts} restart(s); giving up")
     return 1
 

@@ -46,6 +46,7 @@ from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
 from nvrx_lab.flight_recorder import request_dumps
 from nvrx_lab.launcher.monitor import LAST_FAILURE_ENV, MonitorServer
 from nvrx_lab.launcher.policy import TOLERATES_ENV, USAGE_ERROR, RestartPolicy, any_failed, tolerated_losses
+from nvrx_lab.launcher.progress import ProgressTracker
 from nvrx_lab.launcher.restart_log import Failure, RestartLog, describe_exit
 from nvrx_lab.launcher.standby import Zygote
 from nvrx_lab.net import listen, wait_for
@@ -103,6 +104,10 @@ class HeartbeatAgent(LocalElasticAgent):
         self._tolerated: set[int] = set()
         self._awaiting_ready = False
         self._last_failure: str | None = None  # JSON for the next workers: the failure they restart from
+        self.progress: ProgressTracker | None = None
+        """Counts restarts that committed no newer checkpoint; None: not counted."""
+        self.no_progress: str | None = None
+        """Set (the line to say) when the launcher stopped for want of progress."""
         self.trace_dump_prefix: str | None = None
         """Where a hang's flight-recorder dumps go (``<prefix><rank>``); None: not dumped, and said."""
         self.usage_error: Failure | None = None
@@ -250,8 +255,11 @@ class HeartbeatAgent(LocalElasticAgent):
                     self._stop_one(f.local_rank)
                 self._tolerated.add(f.local_rank)
             return RunResult(state=WorkerState.HEALTHY)
+        if self._remaining_restarts > 0 and self.progress is not None and self.progress.restart():
+            self.no_progress = self.progress.line()
+            self._remaining_restarts = 0  # torchelastic stops the group and returns FAILED
         nxt = self.restart_count + 1 if self._remaining_restarts > 0 else None
-        self.restart_log.failure(lost, nxt)
+        self.restart_log.failure(lost, nxt, action=None if self.no_progress is None else "no progress: not restarting")
         if any(f.reason == "hang" for f in lost):  # before the stop: which collective never completed, rank by rank
             self._dump_traces(workers, exits)
         first = lost[0]  # the likely cause: what the next workers say they recovered from (their environment)

@@ -94,12 +94,17 @@ class LauncherConfig(Settings):
     """Modules the standby zygote imports once, comma-separated (never anything that initialises CUDA)."""
     metrics_file: str | None = field(default=None, metadata={"parse": str})
     """JSONL event stream for restart events (default: $NVRX_LAB_METRICS, else none)."""
+    max_no_progress_cycles: int = field(default=3, metadata={"parse": int})
+    """Failed attempts in a row that committed no newer checkpoint (the metrics stream's ``ckpt_commit``) before the
+    launcher stops with exit 4 instead of restarting (NVRx's setting of this name, 3); 0: never. Needs the metrics
+    file."""
     trace_dump_prefix: str | None = field(default=None, metadata={"parse": str})
     """Where a hang's flight-recorder dumps go, ``<prefix><rank>`` (default: $TORCH_FR_DUMP_TEMP_FILE, torch's own
     dumps' naming; else ``nccl-trace/rank_`` beside the metrics file; else none, and said)."""
 
     def __post_init__(self) -> None:
         self.max_restarts = _integer("max_restarts", self.max_restarts, 0)
+        self.max_no_progress_cycles = _integer("max_no_progress_cycles", self.max_no_progress_cycles, 0)
         self.monitor_interval = _seconds("monitor_interval", self.monitor_interval)
         self.shutdown_timeout = _integer("shutdown_timeout", self.shutdown_timeout, 0)
         self.heartbeat_timeout = _seconds("heartbeat_timeout", self.heartbeat_timeout)
