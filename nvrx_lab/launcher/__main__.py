@@ -19,6 +19,7 @@ import tempfile
 import uuid
 from typing import TYPE_CHECKING
 
+from nvrx_lab.health import UNHEALTHY
 from nvrx_lab.launcher.cli import ConfigError, parse, trace_dump_prefix
 from nvrx_lab.launcher.progress import NO_PROGRESS
 from nvrx_lab.launcher.rejoin import store_lost, wait_for_store
@@ -99,7 +100,7 @@ def _launch(config: LaunchConfig, cmd: str, cmd_args: list[str], settings: Launc
     from nvrx_lab.launcher.monitor import MonitorServer
     from nvrx_lab.launcher.progress import ProgressTracker
     from nvrx_lab.launcher.rejoin import rejoin_timeout, shorten_after_rendezvous
-    from nvrx_lab.launcher.restart_log import RestartLog
+    from nvrx_lab.launcher.restart_log import NodeUnhealthy, RestartLog
     from nvrx_lab.launcher.standby import Zygote
 
     directory = tempfile.mkdtemp(prefix="nvrx-lab-launch-")  # 0700: monitors and zygote sockets
@@ -127,6 +128,7 @@ def _launch(config: LaunchConfig, cmd: str, cmd_args: list[str], settings: Launc
             agent = HeartbeatAgent(spec, config.logs_specs, monitors, restart_log, policy, zygote,
                                    start_method=config.start_method, shutdown_timeout=config.shutdown_timeout)
             agent.trace_dump_prefix, agent.progress = settings.trace_dump_prefix, progress
+            agent.health = _health(settings)
             try:
                 result = agent.run()
                 break
@@ -136,6 +138,8 @@ def _launch(config: LaunchConfig, cmd: str, cmd_args: list[str], settings: Launc
     except SignalException as e:
         restart_log.say(f"launcher got {e.sigval.name}: workers stopped")
         return 128 + int(e.sigval)
+    except NodeUnhealthy:
+        return UNHEALTHY
     finally:
         if rdzv_handler is not None and result is not None:
             rdzv_handler.shutdown()
@@ -145,6 +149,17 @@ def _launch(config: LaunchConfig, cmd: str, cmd_args: list[str], settings: Launc
         shutil.rmtree(directory, ignore_errors=True)
     return exit_status(result, agent.usage_error if agent is not None else None, restart_log, config.max_restarts,
                        agent.no_progress if agent is not None else None)
+
+
+def _health(settings: LauncherConfig):
+    """The node's health checks as the launcher runs them, or None when they are off."""
+    if not settings.health_checks:
+        return None
+    from nvrx_lab.health.checks import HealthSettings, run_all
+
+    folder = os.path.dirname(os.path.abspath(settings.metrics_file)) if settings.metrics_file else None
+    checks = HealthSettings(folder=folder, sysfs=settings.health_sysfs)
+    return lambda: run_all(checks)
 
 
 def _rejoin(error: BaseException, params: RendezvousParameters, restart_log: RestartLog, rejoin: int,

@@ -37,6 +37,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 
 from torch.distributed import TCPStore
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
@@ -108,6 +109,8 @@ class HeartbeatAgent(LocalElasticAgent):
         """Counts restarts that committed no newer checkpoint; None: not counted."""
         self.no_progress: str | None = None
         """Set (the line to say) when the launcher stopped for want of progress."""
+        self.health: Callable[[], list] | None = None
+        """This node's health checks (:func:`nvrx_lab.health.checks.run_all`), run before each rendezvous round."""
         self.trace_dump_prefix: str | None = None
         """Where a hang's flight-recorder dumps go (``<prefix><rank>``); None: not dumped, and said."""
         self.usage_error: Failure | None = None
@@ -119,6 +122,8 @@ class HeartbeatAgent(LocalElasticAgent):
 
     # ------------------------------------------------------------ rendezvous: a fresh store per round
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
+        if self.health is not None:  # before this node joins a round: a bad GPU or a down port does not rejoin
+            self.restart_log.health(self.health())
         super()._rendezvous(worker_group)
         store = worker_group.store  # prefixed with this round's number by the c10d handler
         if worker_group.group_rank == 0:

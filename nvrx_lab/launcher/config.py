@@ -98,6 +98,11 @@ class LauncherConfig(Settings):
     """Failed attempts in a row that committed no newer checkpoint (the metrics stream's ``ckpt_commit``) before the
     launcher stops with exit 4 instead of restarting (NVRx's setting of this name, 3); 0: never. Needs the metrics
     file."""
+    health_checks: bool = True
+    """Before each rendezvous round, this node's health checks (:mod:`nvrx_lab.health`: GPUs through NVML, RDMA
+    ports, the metrics folder's storage, memory); a node that fails one leaves with exit 5 (--no-health-checks: off)."""
+    health_sysfs: str = field(default="/sys/class/infiniband", metadata={"parse": str})
+    """Where the RDMA devices are listed (tests point it at a fixture tree)."""
     trace_dump_prefix: str | None = field(default=None, metadata={"parse": str})
     """Where a hang's flight-recorder dumps go, ``<prefix><rank>`` (default: $TORCH_FR_DUMP_TEMP_FILE, torch's own
     dumps' naming; else ``nccl-trace/rank_`` beside the metrics file; else none, and said)."""
@@ -114,8 +119,9 @@ class LauncherConfig(Settings):
             raise SettingError("restart_policy", f"must be 'any-failed' or 'min-healthy', got {self.restart_policy!r}")
         if self.min_healthy is not None:
             self.min_healthy = _integer("min_healthy", self.min_healthy, 1)
-        if not isinstance(self.standby, bool):
-            raise SettingError("standby", f"must be true or false, got {self.standby!r}")
+        for name in ("standby", "health_checks"):
+            if not isinstance(getattr(self, name), bool):
+                raise SettingError(name, f"must be true or false, got {getattr(self, name)!r}")
         self.standby_preload = _module_list(self.standby_preload)
         if self.metrics_file is not None and not isinstance(self.metrics_file, (str, os.PathLike)):
             raise SettingError("metrics_file", f"must be a file path, got {self.metrics_file!r}")

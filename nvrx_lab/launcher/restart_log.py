@@ -57,6 +57,10 @@ def describe_exit(code: int) -> tuple[str, str]:
     return "exit", f"exited with code {code}"
 
 
+class NodeUnhealthy(RuntimeError):
+    """This node failed a health check: it leaves before the rendezvous, its workers unstarted."""
+
+
 class RestartLog:
     """Writes the human line and the JSON events for each failure and restart."""
 
@@ -107,6 +111,18 @@ class RestartLog:
         said = ", ".join(f"rank {rank} ({r['entries']} entries)" for rank, r in sorted(done.items())) or "none"
         missed = "; ".join(f"rank {rank}: {r.get('why')}" for rank, r in sorted(replies.items()) if not r.get("ok"))
         self.say(f"flight recorder dumped to {prefix}<rank>: {said}" + (f"; not dumped: {missed}" if missed else ""))
+
+    def health(self, verdicts: list) -> None:
+        """This node's health verdicts: one line (each failure on its own), one event each; raises
+        :class:`NodeUnhealthy` when one failed."""
+        for v in verdicts:
+            self.events.emit("health", rank=-1, check=v.check, status=v.status, evidence=v.evidence)
+        bad = [v for v in verdicts if v.failed]
+        self.say("health: " + ", ".join(f"{v.check} {v.status}" for v in verdicts))  # the evidence: the events
+        for v in bad:
+            self.say(f"health check failed: {v.check}: {v.evidence}; this node leaves the rendezvous (exit 5)")
+        if bad:
+            raise NodeUnhealthy("; ".join(v.line() for v in bad))
 
     def restarted(self) -> None:
         if self._detected_at is None:
