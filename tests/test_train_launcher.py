@@ -61,7 +61,7 @@ def test_a_sigkill_under_launcher_and_inprocess_restarts_the_group_once_from_the
 @pytest.mark.timeout(200)
 def test_attempts_that_never_commit_stop_the_launcher_with_exit_4(port, tmp_path):
     """Each attempt fails before its first checkpoint (every 5 steps: faults at steps 2, 3, 4): after 3 such attempts the launcher
-    stops with its no-progress code, with 7 of its 10 restarts unspent, and says so in one line."""
+    stops with its no-progress code after 2 restarts, 8 of its 10 unspent, and says so in one line."""
     metrics = tmp_path / "m.jsonl"
     launcher = Launcher.local(2, port, max_restarts=10, heartbeat_timeout=5, initial_heartbeat_timeout=60,
                               monitor_interval=0.2, metrics_file=metrics)
