@@ -65,7 +65,7 @@ def job_spec(restart: str, kind: str, a, name: str, memory: Path) -> JobSpec:
     rank = a.node * a.nproc + (1 if kind == "sigkill" else 0)
     faults = ",".join(f"{rank}:{s}:{kind}" for s in fault_steps(a)) if kind != "node-loss" else ""
     local = ("--local-ckpt-dir", str(memory / "node-{node}")) if a.local_ckpt_interval else ()
-    return JobSpec(name=name, image="local", nodes=a.nodes, mode=MODES[restart], steps=fault_steps(a)[-1] + a.gap,
+    return JobSpec(name=name, image="local", nodes=a.nodes, mode=MODES[restart], workload="job", steps=fault_steps(a)[-1] + a.gap,
                    ckpt_interval=a.ckpt_interval, faults=faults, train_extra=(*TINY, *local), max_restarts=3 * a.faults + 3,
                    heartbeat_timeout=a.heartbeat_timeout, initial_heartbeat_timeout=60, monitor_interval=0.2,
                    section_timeouts={"checkpoint": 30}, local_ckpt_interval=a.local_ckpt_interval,
