@@ -19,16 +19,16 @@ def _steps(events, after: float = 0.0) -> list[int]:
         if events.exists() else []
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(480)
 def test_the_other_pods_rejoin_a_replaced_index_0_in_place(tmp_path):
     s = JobSpec(name="rejoin", image="i", nodes=2, mode="ft_launcher", steps=300, global_batch=16, ckpt_interval=5,
                 train_extra=TINY, initial_heartbeat_timeout=60, heartbeat_timeout=30, monitor_interval=0.2,
                 section_timeouts={"checkpoint": 30}, rdzv_rejoin_read_timeout=20)
-    with LocalJob(render(s), LocalOptions(workdir=tmp_path, timeout_s=200)) as job:
+    with LocalJob(render(s), LocalOptions(workdir=tmp_path, timeout_s=420)) as job:
         events = job.run.local_path("/fsx/rejoin/metrics.jsonl")
-        wait_for(lambda: max(_steps(events), default=0) >= 12, 120, "step 12", interval=0.1)
+        wait_for(lambda: max(_steps(events), default=0) >= 12, 200, "step 12", interval=0.1)  # two cold starts
         lost = job.lose_node(0)
-        wait_for(job.poll, 180, "the Job to end", interval=0.1)
+        wait_for(job.poll, 240, "the Job to end", interval=0.1)
     run = job.run
     assert run.ok, f"{run.status}\n{run.log(1)[-3000:]}"
     assert [len(p.logs) for p in run.pods] == [2, 1] and run.failures == 0  # index 1's pod never failed
@@ -39,7 +39,7 @@ def test_the_other_pods_rejoin_a_replaced_index_0_in_place(tmp_path):
     back = _steps(events, after=lost)
     assert back and back[-1] == 300
     first = min(e["t"] for e in read_events(events) if e["kind"] == "step" and e["t"] > lost)
-    assert first - lost < 60, first - lost  # the replacement's start, not a 600 s read
+    assert first - lost < 120, first - lost  # the replacement's cold start (9-18 s here), not a 600 s read
     print(f"index 0 lost: training again after {first - lost:.1f} s; {said}")
 
 
