@@ -65,3 +65,14 @@ def test_a_step_rank_0_completes_just_after_another_ranks_fault_is_not_the_recov
     fault["step"] = 6  # rank 1 failed in step 6 while rank 0 was still finishing step 5
     (f,) = analyze(ev).faults
     assert math.isclose(f.recovery_s, 2.0) and f.rollback_steps == 3  # steps 3, 4 and 5 redone
+
+
+def test_a_run_without_faults_gives_a_goodput_line_of_json_not_nan():
+    import json
+
+    from nvrx_lab.observe.goodput import json_safe
+
+    row = analyze([e for e in stream() if e["kind"] in ("start", "step") and e["t"] < 3.1]).row()
+    assert row["faults"] == 0 and math.isnan(row["recovery_mean_s"])  # the analysis keeps NaN for "none"
+    line = json.dumps(json_safe(row), allow_nan=False)  # the trainer's GOODPUT line: what every JSON reader accepts
+    assert "NaN" not in line and json.loads(line)["recovery_mean_s"] is None and json.loads(line)["faults"] == 0

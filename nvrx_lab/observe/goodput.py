@@ -90,6 +90,18 @@ class GoodputReport:
                 "steps": self.final_step, "slow_lost_s": self.slow_lost_s}
 
 
+def json_safe(value):
+    """``value`` with every NaN (a figure a run without faults has none of) as ``None``: JSON's ``null``, where
+    ``json.dumps`` would write ``NaN``, which no JSON reader accepts."""
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
 def _mean(values: list[float | None]) -> float:
     """The mean of ``values``; NaN when there are none, or when one is None (a fault never recovered)."""
     return statistics.fmean(values) if values and None not in values else float("nan")

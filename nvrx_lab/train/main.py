@@ -31,7 +31,7 @@ from nvrx_lab.checkpoint import CheckpointError
 from nvrx_lab.cli import parse_dataclass
 from nvrx_lab.dist import LaunchEnv, deterministic, export_env, peer_lost
 from nvrx_lab.observe.events import EventLog, last_launch, read_events
-from nvrx_lab.observe.goodput import analyze
+from nvrx_lab.observe.goodput import analyze, json_safe
 from nvrx_lab.train import attempts, layers, runs
 from nvrx_lab.train.config import TrainConfig
 from nvrx_lab.train.loop import train
@@ -101,5 +101,6 @@ def main(argv: list[str] | None = None) -> int:
                 cuda_peak_bytes=torch.cuda.max_memory_allocated() if torch.cuda.is_initialized() else None,
                 rss_peak_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # every attempt of this process
     if rank == 0 and cfg.metrics and summary["losses"]:  # one line a job log collector (nvrx_lab.eks.submit) picks up
-        print("GOODPUT " + json.dumps(analyze(last_launch(read_events(cfg.metrics))).row()), flush=True)
+        row = json_safe(analyze(last_launch(read_events(cfg.metrics))).row())  # no faults: null, never NaN
+        print("GOODPUT " + json.dumps(row, allow_nan=False), flush=True)
     return 0
