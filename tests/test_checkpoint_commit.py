@@ -262,3 +262,11 @@ def test_posted_results_are_unpickled_safely():
     entry = done_entry({}, pickle.dumps(Evil()), 0.0)
     with pytest.raises(Exception, match="refusing to unpickle global"):
         write_results(entry)
+
+
+def test_the_stop_line_says_what_became_of_the_save_in_flight():
+    from nvrx_lab.checkpoint.pending import stopped_line
+
+    assert stopped_line(0, 10, [10]) == "the save of step 10 committed as the run stopped"
+    assert stopped_line(0, 10, []).startswith("the save of step 10 was abandoned (not every rank had finished it)")
+    assert stopped_line(1, 10, []).startswith("this rank's write of step 10 was stopped; rank 0 commits step 10 only if")

@@ -40,7 +40,7 @@ from .completion import LocalBoard, group_board, outcome_entry
 from .config import CheckpointerConfig, check_initialised, check_step
 from .errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError, CheckpointWriterDied
 from .loading import Restored
-from .pending import PendingSaves
+from .pending import PendingSaves, stopped_line
 from .planning import PlanCache, local_tensors, plan_save
 from .staging import StagingBuffer, plan_slots
 from .writer import WriterProcess
@@ -216,17 +216,18 @@ class AsyncCheckpointer:
             return None
         self._closed = True
         lost = self._in_flight["step"] if self._in_flight else None
+        committed: list[int] = []
         if self.rank == 0 and self._pending:
             with contextlib.suppress(Exception):  # the group's store may be gone: then nothing more commits
-                self._pending.commit()
+                committed = self._pending.commit()
         if self._writer is not None:
             self._writer.process.kill()
             self._writer.close()
         self._buffer.release()
         self._pending.drop()
         if lost is not None:
-            print(f"[rank {self.rank}] checkpoint: the save of step {lost} was abandoned (its writer was stopped); "
-                  "the committed checkpoints are intact", file=sys.stderr, flush=True)
+            print(f"[rank {self.rank}] checkpoint: {stopped_line(self.rank, lost, committed)}", file=sys.stderr,
+                  flush=True)
         return lost
 
     def __enter__(self) -> AsyncCheckpointer:

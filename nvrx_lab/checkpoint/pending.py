@@ -59,3 +59,15 @@ class PendingSaves:
         for p in self.saves:
             shutil.rmtree(p["tmp"], ignore_errors=True)
         self.saves.clear()
+
+
+def stopped_line(rank: int, step: int, committed: list[int]) -> str:
+    """What became of the save of ``step`` when the run stopped: only rank 0, which commits, knows."""
+    if rank != 0:
+        return (f"this rank's write of step {step} was stopped; rank 0 commits step {step} only if every rank had "
+                "finished it (its line says which)")
+    if step in committed:
+        return f"the save of step {step} committed as the run stopped"
+    return (f"the save of step {step} was abandoned (not every rank had finished it): not committed; the committed "
+            "checkpoints are intact")
+
