@@ -93,9 +93,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[rank {rank}] {line}", file=sys.stderr, flush=True)
         return 1
     except KeyboardInterrupt:
-        print(f"[rank {rank}] interrupted (Ctrl-C): a save in flight was abandoned; the newest committed "
-              f"checkpoint{f' in {folder}' if (folder := runs.ckpt_dir(cfg)) else ''} is intact", file=sys.stderr,
-              flush=True)
+        # a save in flight has said what became of it (its own line, above); this one claims nothing about one
+        print(f"[rank {rank}] interrupted (Ctrl-C): training stopped; the committed checkpoints"
+              f"{f' in {folder}' if (folder := runs.ckpt_dir(cfg)) else ''} are intact", file=sys.stderr, flush=True)
         return 130
     events.emit("end", steps=summary["steps"],  # the last attempt's peak (gpucheck c); earlier ones: restart events
                 cuda_peak_bytes=torch.cuda.max_memory_allocated() if torch.cuda.is_initialized() else None,
