@@ -246,6 +246,11 @@ def test_progress_is_a_newer_committed_step_and_three_attempts_without_one_stop(
 
     stream = tmp_path / "m.jsonl"
     write = lambda *events: stream.open("a").write("".join(json.dumps(e) + "\n" for e in events))  # noqa: E731
+    idle = ProgressTracker(str(stream), 3)
+    write({"kind": "start", "rank": 0, "ckpt": "none"}, {"kind": "step", "step": 1})  # workers that never checkpoint
+    assert [idle.restart() for _ in range(5)] == [False] * 5  # no progress can be seen: never stopped, and said once
+    assert idle.off_line().startswith("no-progress stop: restarts not counted (the workers' events in") and \
+        idle.off_line() is None
     write({"kind": "ckpt_commit", "step": 100})  # an earlier launch of the run: not this launch's progress
     t = ProgressTracker(str(stream), 3)
     assert (t.restart(), t.restart()) == (False, False) and t.without == 2

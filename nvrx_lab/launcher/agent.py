@@ -260,9 +260,12 @@ class HeartbeatAgent(LocalElasticAgent):
                     self._stop_one(f.local_rank)
                 self._tolerated.add(f.local_rank)
             return RunResult(state=WorkerState.HEALTHY)
-        if self._remaining_restarts > 0 and self.progress is not None and self.progress.restart():
-            self.no_progress = self.progress.line()
-            self._remaining_restarts = 0  # torchelastic stops the group and returns FAILED
+        if self._remaining_restarts > 0 and self.progress is not None:
+            if self.progress.restart():
+                self.no_progress = self.progress.line()
+                self._remaining_restarts = 0  # torchelastic stops the group and returns FAILED
+            elif (off := self.progress.off_line()) is not None:
+                self.restart_log.say(off)
         nxt = self.restart_count + 1 if self._remaining_restarts > 0 else None
         self.restart_log.failure(lost, nxt, action=None if self.no_progress is None else "no progress: not restarting")
         if any(f.reason == "hang" for f in lost):  # before the stop: which collective never completed, rank by rank

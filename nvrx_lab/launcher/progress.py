@@ -27,6 +27,10 @@ class ProgressTracker:
         self.offset = 0
         self.committed: int | None = None
         """The newest step a ``ckpt_commit`` event reported (``None``: none yet)."""
+        self.said_off = False
+        self.checkpointing = False
+        """Whether the workers checkpoint (a ``start`` event with ``ckpt`` other than ``none``, or any ``ckpt_*``
+        event): only then is a restart without a new commit a restart without progress."""
         self.without: int = 0
         """Failed attempts in a row that ended with no newer committed step."""
         self._read()  # what earlier launches of this run committed: progress is a newer step than that
@@ -49,7 +53,10 @@ class ProgressTracker:
                 event = json.loads(line)
             except ValueError:
                 continue
-            if event.get("kind") == "ckpt_commit" and isinstance(event.get("step"), int):
+            kind = event.get("kind")
+            if kind in ("ckpt_save", "ckpt_commit") or (kind == "start" and event.get("ckpt") not in (None, "none")):
+                self.checkpointing = True
+            if kind == "ckpt_commit" and isinstance(event.get("step"), int):
                 self.committed = max(event["step"], self.committed or 0)
 
     def restart(self) -> bool:
@@ -57,10 +64,19 @@ class ProgressTracker:
         if not self.enabled:
             return False
         self._read()
+        if not self.checkpointing:  # a script of one's own without our checkpoints: progress cannot be seen
+            return False
         moved = self.committed is not None and (self.at_last_restart is None or self.committed > self.at_last_restart)
         self.without = 0 if moved else self.without + 1
         self.at_last_restart = self.committed
         return self.without >= self.limit
+
+    def off_line(self) -> str | None:
+        """Why restarts are not counted, the first time they are not (the launcher says it once), else None."""
+        if not self.enabled or self.checkpointing or self.said_off:
+            return None
+        self.said_off = True
+        return f"no-progress stop: restarts not counted (the workers' events in {self.path} show no checkpoints)"
 
     def line(self) -> str:
         last = "none yet" if self.committed is None else f"step {self.committed}"

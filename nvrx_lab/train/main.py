@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     importlib.import_module("torch._dynamo")
     events = EventLog(cfg.metrics or None, rank=rank)
     events.emit("start", world_size=launch.world_size, restart_count=launch.restart_count, new_run=new_run,
-                pid=os.getpid())
+                pid=os.getpid(), ckpt=cfg.checkpoint.mode)  # the launcher's no-progress stop counts only where it is on
     hooks = layers.make_hooks(cfg, rank, events)
     run = attempts.run_inprocess if cfg.restart.inprocess else attempts.run_plain
     body = lambda attempt, ckpt, h: train(cfg, attempt, ckpt, h)  # noqa: E731
