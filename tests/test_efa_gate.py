@@ -73,8 +73,7 @@ def test_the_worker_runs_under_torchrun_on_the_cpu(tmp_path):
     gate = [line for line in out.stdout.splitlines() if line.startswith("gate: ")]
     assert gate[0].startswith("gate: ok busbw: bus bandwidth") and "the network is not checked" in gate[0]
     assert gate[-1].startswith("gate: passed: 2 ranks on 1 nodes, 4 MB all-reduce")
-    bad = subprocess.run([*cmd, "--min-busbw", "1e9"], capture_output=True, text=True, timeout=100, cwd=tmp_path)
-    assert bad.returncode != 0 and "gate: FAILED (busbw): 2 ranks" in bad.stdout, bad.stdout + bad.stderr
+    # a gate under its floor fails its pods: notebook 05 runs the rendered gate on p5's floor (gate: FAILED (busbw))
 
 
 # -- the gate's Job: rendered from the job's pods, run by submit --gate, and run here by local_run -----------------
