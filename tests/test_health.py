@@ -67,6 +67,9 @@ def test_gpu_health_through_nvml():
     sick = gpu(FakeNvml(gpus=[{}, {"ecc": 2}, {"remap": (0, 1, 0, 1)}, {"down": (1,)}, {"pending": 1}]))
     assert sick.failed and sick.evidence == ("GPU 1: 2 uncorrectable ECC errors; GPU 2: row remapping failed; "
                                              "GPU 3: NVLink link(s) 1 down; GPU 4: retired pages pending a reset")
+    lost = FakeNvml(gpus=[{}, {}])
+    lost.nvmlDeviceGetHandleByIndex = lambda i: (_ for _ in ()).throw(RuntimeError("GPU is lost")) if i else {}
+    assert gpu(lost).evidence == "GPU 1: NVML error (GPU is lost)" and gpu(lost).failed  # fallen off the bus
     off = gpu(FakeNvml(gpus=[], broken=True))
     assert off.status == "skipped" and "NVML did not start (Driver Not Loaded)" in off.evidence
 

@@ -29,12 +29,22 @@ def gpu(nvml=None) -> Verdict:
         return skipped("gpu", f"NVML did not start ({exc}): no NVIDIA driver here")
     try:
         count = nvml.nvmlDeviceGetCount()
-        problems = [p for i in range(count) for p in _device(nvml, i)]
+        problems = [p for i in range(count) for p in _device_or_lost(nvml, i)]
+    except Exception as exc:  # noqa: BLE001 - NVML up but not answering: the node is not healthy
+        return failed("gpu", f"NVML could not list the GPUs ({exc})")
     finally:
         nvml.nvmlShutdown()
     if problems:
         return failed("gpu", "; ".join(problems[:4]))
     return ok("gpu", f"{count} GPUs: no uncorrectable ECC errors, no failed or pending row remaps, NVLink up")
+
+
+def _device_or_lost(nvml, i: int) -> list[str]:
+    """:func:`_device`, or the NVML error of a GPU that does not answer (``GPU is lost``: fallen off the bus)."""
+    try:
+        return _device(nvml, i)
+    except Exception as exc:  # noqa: BLE001
+        return [f"GPU {i}: NVML error ({exc})"]
 
 
 def _device(nvml, i: int) -> list[str]:

@@ -172,7 +172,11 @@ def _rejoin(error: BaseException, params: RendezvousParameters, restart_log: Res
     restart_log.say(f"RENDEZVOUS the store at {params.endpoint} stopped answering ({type(error).__name__}): its node is "
                     f"gone; waiting up to {first:g} s for the replacement's store, then rejoining "
                     f"({rejoin + 1} of {max_rejoins})")
-    took = wait_for_store(params.endpoint, first)
+    try:
+        took = wait_for_store(params.endpoint, first)
+    except TimeoutError as exc:
+        restart_log.say(f"RENDEZVOUS {exc}: not rejoining")
+        return False
     restart_log.say(f"RENDEZVOUS the store at {params.endpoint} answers again after {took:.1f} s: rejoining")
     return True
 
