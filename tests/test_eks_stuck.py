@@ -82,3 +82,11 @@ def test_evictions_are_said_once_each_and_too_many_end_the_run(aws, kube):  # no
     assert said[-1] == (f"evicted: 2 pods evicted by the kubelet (more than Watch.max_evictions=1; the last: {SHM}); "
                         "deleted Job/llama-ft and its pods so the nodes are released (fix the cause and submit again)")
     assert ("DELETE", "/apis/batch/v1/namespaces/nvrx-lab/jobs/llama-ft") in [(m, p) for m, p, *_ in kube.requests]
+
+
+@pytest.mark.timeout(60)
+def test_a_job_deleted_under_the_watch_ends_it_as_gone(aws, kube):  # noqa: F811
+    kube.fail = {"GET status": (404, "jobs.batch \"llama-ft\" not found")}  # someone ran kubectl delete job
+    res = submit(SPEC, CLUSTER, REGION, dry_run=False, echo=lambda line: None, access=Access(api_server=kube.url),
+                 watch=Watch(timeout_s=20, poll_s=0.05))
+    assert res.status == "gone"  # at the first look, not after the watch's timeout

@@ -63,7 +63,7 @@ class SubmitResult:
     manifests: list[dict]
     """What was (or, in a dry run, would be) created."""
     status: str = "dry-run"
-    """dry-run, submitted (not watched), Succeeded, Failed or timeout."""
+    """dry-run, submitted (not watched), Succeeded, Failed, timeout, stuck, evicted or gone (deleted meanwhile)."""
     actions: list[str] = field(default_factory=list)
     """``created Job/x``, ``replaced Service/x``, ``exists Namespace/y`` …"""
     phases: dict[int, str] = field(default_factory=dict)

@@ -45,8 +45,11 @@ class Workload:
             raise
 
     def ended(self) -> str | None:
-        """``Succeeded`` or ``Failed`` once it ended, else ``None`` (also when it is gone)."""
-        st = self.status() or {}
+        """``Succeeded`` or ``Failed`` once it ended, ``gone`` when it no longer exists (deleted by someone, or not
+        readable), else ``None``."""
+        st = self.status()
+        if st is None:
+            return "gone"
         conds = {c.get("type"): c.get("status") for c in st.get("conditions") or []}
         if conds.get("Complete") == "True" or conds.get("Completed") == "True" or (
                 self.kind == "Job" and (st.get("succeeded") or 0) >= self.nodes):
