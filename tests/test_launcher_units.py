@@ -261,4 +261,6 @@ def test_progress_is_a_newer_committed_step_and_three_attempts_without_one_stop(
     assert t.line().startswith("no progress: 3 attempts in a row ended without committing a newer checkpoint (the "
                                "last committed: step 105); stopping with exit 4")
     assert not ProgressTracker(None, 3).restart() and not ProgressTracker(str(stream), 0).restart()  # off
+    assert ProgressTracker(None, 3).off_line().endswith("(no --metrics-file to read the workers' commits from)")
+    assert ProgressTracker(str(stream), 0).off_line() is None  # turned off by the setting: nothing to say
     assert pod_failure_policy()["rules"][0]["onExitCodes"]["values"] == [2, NO_PROGRESS]  # the Job fails, not retried

@@ -72,10 +72,13 @@ class ProgressTracker:
         return self.without >= self.limit
 
     def off_line(self) -> str | None:
-        """Why restarts are not counted, the first time they are not (the launcher says it once), else None."""
-        if not self.enabled or self.checkpointing or self.said_off:
+        """Why restarts are not counted, the first time they are not (the launcher says it once), else None; nothing
+        when the setting turned it off (0)."""
+        if self.limit <= 0 or self.said_off or (self.path and self.checkpointing):
             return None
         self.said_off = True
+        if not self.path:
+            return "no-progress stop: restarts not counted (no --metrics-file to read the workers' commits from)"
         return f"no-progress stop: restarts not counted (the workers' events in {self.path} show no checkpoints)"
 
     def line(self) -> str:
