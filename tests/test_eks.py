@@ -66,8 +66,9 @@ def test_every_mode_renders_and_validates_strictly(mode):
     launcher = MODES[mode].uses_launcher
     coordinator = ["Service", "StatefulSet", "PodDisruptionBudget"]  # then two groups (tests/test_eks_replicas)
     workload = [*coordinator, "Service", "Job", "Service", "Job"] if MODES[mode].replicated else ["Service", "Job"]
+    marks = launcher and not MODES[mode].replicated  # the node marker's RBAC (nvrx_lab.eks.rbac)
     assert kinds == (["Namespace", "PersistentVolume", "PersistentVolumeClaim"] + (["ConfigMap"] if launcher else [])
-                     + workload)
+                     + (["ServiceAccount", "ClusterRole", "ClusterRoleBinding"] if marks else []) + workload)
     assert yaml.safe_load_all(to_yaml(ms)) and list(yaml.safe_load_all(to_yaml(ms))) == ms  # comments only, same data
 
 
@@ -190,7 +191,7 @@ def test_launcher_flags_parse_with_torchruns_own_parser():
            "JOB_COMPLETION_INDEX": "1", "IS_RDZV_HOST": "0", "RUN_DIR": "/fsx/j"}
     for mode in MODES:
         s = spec(mode=mode)
-        flags = [f for f in launcher_flags(s) if f.flag not in ("--config", "--metrics-file")]  # the launcher's own
+        flags = [f for f in launcher_flags(s) if f.flag not in ("--config", "--metrics-file", "--mark-node")]  # ours
         args = get_args_parser().parse_args([*argv(flags, env), "-m", "nvrx_lab.train", *argv(trainer_flags(s), env)])
         assert args.nnodes == "2" and args.nproc_per_node == "8" and args.module
         assert args.training_script == "nvrx_lab.train" and "--steps=1000" in args.training_script_args
@@ -242,9 +243,10 @@ def test_every_launcher_setting_of_the_spec_reaches_the_pods_launcher(tmp_path):
     ms = render(s)
     (tmp_path / "launcher.yaml").write_text(find(ms, "ConfigMap")[0]["data"]["launcher.yaml"])
     env = {"NNODES": "2", "NPROC_PER_NODE": "8", "RANK0_HOST": "j-0.j", "RDZV_PORT": "29400", "NODE_ADDR": "j-0.j",
-           "IS_RDZV_HOST": "1", "RUN_DIR": str(tmp_path), "LAUNCHER_CONFIG": str(tmp_path / "launcher.yaml")}
+           "IS_RDZV_HOST": "1", "RUN_DIR": str(tmp_path), "LAUNCHER_CONFIG": str(tmp_path / "launcher.yaml"),
+           "NODE_NAME": "ip-10-0-0-1"}
     args, read = parse([*argv(launcher_flags(s), env), "-m", "nvrx_lab.train"])
-    assert read == dataclasses.replace(s.launcher, metrics_file=f"{tmp_path}/metrics.jsonl")
+    assert read == dataclasses.replace(s.launcher, metrics_file=f"{tmp_path}/metrics.jsonl", mark_node="ip-10-0-0-1")
     assert read.restart_policy == "min-healthy" and read.heartbeat_timeout == 42.5 and read.standby is False
     assert (args.max_restarts, args.monitor_interval, args.shutdown_timeout) == (10, 1.0, 30)
 
@@ -299,7 +301,16 @@ def test_never_privileged_only_ipc_lock_and_no_inline_secrets(mode):
     c = container_of(ms)
     assert c["securityContext"]["capabilities"] == {"add": ["IPC_LOCK"]}
     assert c["securityContext"]["privileged"] is False and c["securityContext"]["allowPrivilegeEscalation"] is False
-    assert job_of(ms)["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    pod = job_of(ms)["spec"]["template"]["spec"]
+    if not find(ms, "ClusterRole"):
+        assert pod["automountServiceAccountToken"] is False and "serviceAccountName" not in pod
+    else:  # the node marker's token (nvrx_lab.eks.rbac): it may get and patch nodes, nothing else
+        assert pod["automountServiceAccountToken"] is True and pod["serviceAccountName"] == "llama-ft-pods"
+        assert find(ms, "ClusterRole")[0]["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+        assert find(ms, "ClusterRoleBinding")[0]["subjects"] == [{"kind": "ServiceAccount", "name": "llama-ft-pods",
+                                                                  "namespace": "nvrx-lab"}]
+        assert not render(spec(mode=mode, mark_unhealthy_nodes=False))[-1]["spec"]["template"]["spec"][
+            "automountServiceAccountToken"]
     env = env_of(ms)
     for name in ("HF_TOKEN", "WANDB_API_KEY"):
         assert "value" not in env[name] and "secretKeyRef" in env[name]["valueFrom"]

@@ -29,7 +29,8 @@ def test_every_mode_renders_a_jobset_that_validates_against_the_crd(mode):
     ms = render(_spec(mode=mode, nodes=16, queue_name="p5", local_ckpt_interval=5, model="llama3.1-8b",
                       local_ckpt_on_nvme=True, hugepages_2mi=1024))
     validate(ms)
-    assert [m["kind"] for m in ms] == ["Namespace"] + (["ConfigMap"] if MODES[mode].uses_launcher else []) + ["JobSet"]
+    rbac = ["ServiceAccount", "ClusterRole", "ClusterRoleBinding"] if MODES[mode].uses_launcher else []  # the node marker
+    assert [m["kind"] for m in ms] == ["Namespace"] + (["ConfigMap"] if MODES[mode].uses_launcher else []) + rbac + ["JobSet"]
     js = ms[-1]
     assert js["apiVersion"] == "jobset.x-k8s.io/v1alpha2"
     (rj,) = js["spec"]["replicatedJobs"]

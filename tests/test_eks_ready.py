@@ -35,7 +35,8 @@ def _launcher_argv(script: str, index: int, workdir: Path) -> list[str]:
     (workdir / "python").write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
     (workdir / "python").chmod(0o755)
     env = {"PATH": f"{workdir}:{os.environ['PATH']}", "JOB_COMPLETION_INDEX": str(index), "NNODES": "12",
-           "NPROC_PER_NODE": "8", "RANK0_HOST": "llama-ft-0.llama-ft", "RDZV_PORT": "29400", "MASTER_PORT": "29500",
+           "NODE_NAME": f"ip-10-0-0-{index}", "NPROC_PER_NODE": "8", "RANK0_HOST": "llama-ft-0.llama-ft",
+           "RDZV_PORT": "29400", "MASTER_PORT": "29500",
            "RUN_DIR": str(workdir / "run"), "LAUNCHER_CONFIG": "/etc/nvrx_lab/launcher.yaml"}
     out = subprocess.run(["/bin/bash", "-c", script], env=env, capture_output=True, text=True, timeout=30, check=True)
     return out.stdout.splitlines()

@@ -227,11 +227,15 @@ def test_submit_creates_watches_streams_rank0_and_picks_up_goodput(aws, kube, ca
     assert res.status == "Succeeded", res
     assert res.goodput == {"training_goodput": 0.87, "faults": 2}
     assert any("GOODPUT" in line for line in res.log_tail)
+    rbac = ["ServiceAccount/llama-ft-pods", "ClusterRole/nvrx-lab-node-marker",
+            "ClusterRoleBinding/nvrx-lab-node-marker-nvrx-lab-llama-ft"]  # the node marker (nvrx_lab.eks.rbac)
     assert res.actions == ["created Namespace/nvrx-lab", "created ConfigMap/llama-ft-launcher",
-                           "created Service/llama-ft", "created Job/llama-ft"]
+                           *(f"created {r}" for r in rbac), "created Service/llama-ft", "created Job/llama-ft"]
     posts = [p for m, p, *_ in kube.requests if m == "POST"]
-    assert posts == ["/api/v1/namespaces", "/api/v1/namespaces/nvrx-lab/configmaps", "/api/v1/namespaces/nvrx-lab/services",
-                     "/apis/batch/v1/namespaces/nvrx-lab/jobs"]
+    roles = "/apis/rbac.authorization.k8s.io/v1"
+    assert posts == ["/api/v1/namespaces", "/api/v1/namespaces/nvrx-lab/configmaps",
+                     "/api/v1/namespaces/nvrx-lab/serviceaccounts", f"{roles}/clusterroles", f"{roles}/clusterrolebindings",
+                     "/api/v1/namespaces/nvrx-lab/services", "/apis/batch/v1/namespaces/nvrx-lab/jobs"]
     assert kube.callers and kube.callers[0].startswith("arn:aws:")  # the token worked against (moto's) STS
     assert res.phases == {0: "Succeeded", 1: "Succeeded"}
     out = capsys.readouterr()
@@ -246,13 +250,16 @@ def test_resubmit_replaces_config_service_and_job_but_keeps_the_namespace(aws, k
     kube.requests.clear()
     res = submit(SPEC, CLUSTER, REGION, dry_run=False, watch=None, access=Access(api_server=kube.url), replace=True)
     assert res.actions == ["exists Namespace/nvrx-lab", "replaced ConfigMap/llama-ft-launcher",
+                           "exists ServiceAccount/llama-ft-pods", "exists ClusterRole/nvrx-lab-node-marker",
+                           "exists ClusterRoleBinding/nvrx-lab-node-marker-nvrx-lab-llama-ft",
                            "replaced Service/llama-ft", "replaced Job/llama-ft"]
     methods = [(m, p.rsplit("/", 2)[-2:]) for m, p, *_ in kube.requests]
     assert ("DELETE", ["jobs", "llama-ft"]) in methods
     job_delete = next(q for m, p, _, q in kube.requests if m == "DELETE" and p.endswith("/jobs/llama-ft"))
     assert "propagationPolicy=Foreground" in job_delete  # the pods go with the Job
     assert delete(SPEC, CLUSTER, REGION, access=Access(api_server=kube.url)) == [
-        "deleted Job/llama-ft", "deleted Service/llama-ft", "deleted ConfigMap/llama-ft-launcher"]
+        "deleted Job/llama-ft", "deleted Service/llama-ft", "deleted ConfigMap/llama-ft-launcher",
+        "deleted ServiceAccount/llama-ft-pods", "deleted ClusterRoleBinding/nvrx-lab-node-marker-nvrx-lab-llama-ft"]
     assert delete(SPEC, CLUSTER, REGION, access=Access(api_server=kube.url)) == []
 
 

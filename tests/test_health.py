@@ -3,8 +3,12 @@ that cannot run here says so (skipped, with the reason); the launcher leaves the
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,6 +16,7 @@ import pytest
 
 from nvrx_lab.health import UNHEALTHY
 from nvrx_lab.health.gpu import gpu
+from nvrx_lab.health.mark import ANNOTATION, LABEL, TAINT
 from nvrx_lab.health.nic import nic
 from nvrx_lab.health.node import disk, memory, storage
 from nvrx_lab.observe.events import read_events
@@ -100,3 +105,78 @@ def test_a_node_with_a_down_port_leaves_before_the_rendezvous_with_exit_5(tmp_pa
     ok = subprocess.run([*cmd[:8], sysfs(tmp_path / "up", {"rdmap0s0": UP}), *cmd[9:]], capture_output=True, text=True,
                         timeout=80, cwd=tmp_path)
     assert ok.returncode == 0 and "trained" in ok.stdout, ok.stdout + ok.stderr
+
+
+class _Nodes(ThreadingHTTPServer):
+    """The node part of the Kubernetes API: GET and PATCH ``/api/v1/nodes/NAME``, every request recorded; ``refuse``:
+    answer 403 to a PATCH, as for a service account without the rendered ClusterRole."""
+
+    def __init__(self, refuse: bool = False):
+        super().__init__(("127.0.0.1", 0), _NodeHandler)
+        self.refuse, self.requests = refuse, []
+        self.node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "ip-10-0-0-7", "labels": {}},
+                     "spec": {"taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]}}
+
+
+class _NodeHandler(BaseHTTPRequestHandler):
+    server: _Nodes
+
+    def log_message(self, *_):
+        pass
+
+    def _send(self, code: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        self.server.requests.append(("GET", self.path, self.headers.get("Authorization"), None))
+        self._send(200, self.server.node)
+
+    def do_PATCH(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.server.requests.append(("PATCH", self.path, self.headers.get("Content-Type"), body))
+        if self.server.refuse:
+            return self._send(403, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 403,
+                                    "reason": "Forbidden", "message": 'nodes "ip-10-0-0-7" is forbidden'})
+        self.server.node["metadata"]["labels"].update(body["metadata"]["labels"])
+        self.server.node["spec"] = body.get("spec", self.server.node["spec"])
+        return self._send(200, self.server.node)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("refuse", [False, True])
+def test_a_failed_check_marks_the_node_on_kubernetes_so_the_pods_avoid_it(tmp_path, refuse):
+    server = _Nodes(refuse)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "k", "cluster": {"server": f"http://127.0.0.1:{server.server_address[1]}"}}],
+        "users": [{"name": "u", "user": {"token": "pod-token"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}]}))
+    root = sysfs(tmp_path / "sys", {"rdmap0s0": ("1: DOWN", "3: Disabled")})
+    cmd = [sys.executable, "-m", "nvrx_lab.launcher", "--standalone", "--nproc-per-node", "1", "--no-standby",
+           "--health-sysfs", root, "--mark-node", "ip-10-0-0-7", "--no-python", "/bin/echo", "trained"]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=80, cwd=tmp_path,
+                             env={**os.environ, "KUBECONFIG": str(kubeconfig)})
+    finally:
+        server.shutdown()
+    assert out.returncode == UNHEALTHY, out.stdout + out.stderr  # marked or not, the node leaves
+    patch = [r for r in server.requests if r[0] == "PATCH"]
+    assert [r[1] for r in patch] == ["/api/v1/nodes/ip-10-0-0-7"] and patch[0][2].endswith("merge-patch+json")
+    body = patch[0][3]
+    assert body["metadata"]["labels"] == {LABEL: "failed"}
+    assert "health nic: failed: 1 port(s) not active: rdmap0s0" in body["metadata"]["annotations"][ANNOTATION]
+    assert body["spec"]["taints"] == [{"key": "nvidia.com/gpu", "effect": "NoSchedule"},  # the node's own kept
+                                      {"key": TAINT, "value": "health-check", "effect": "NoSchedule"}]
+    if refuse:
+        assert "health: could not mark node ip-10-0-0-7 (ForbiddenException: Forbidden)" in out.stderr, out.stderr
+        assert "the pod's service account needs get and patch on nodes" in out.stderr
+    else:
+        assert (f"health: marked node ip-10-0-0-7: label {LABEL}=failed (this job's pods avoid it), taint "
+                f"{TAINT}:NoSchedule") in out.stderr, out.stderr

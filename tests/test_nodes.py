@@ -31,14 +31,14 @@ def test_rank0_agent_republishes_the_bootstrap_address_in_every_round_for_a_join
     import torch.distributed as dist
     from torch.distributed.elastic.rendezvous.api import RendezvousInfo, RendezvousStoreInfo
 
-    from nvrx_lab.launcher.agent import _republish_bootstrap
+    from nvrx_lab.launcher.rounds import republish_bootstrap
 
     class Handler:  # torch's c10d handler publishes MASTER_ADDR/PORT in its first round only
         def next_rendezvous(self):
             return RendezvousInfo(store, rank, 4, RendezvousStoreInfo("10.0.0.1", 29500))
 
     store, handler = dist.HashStore(), Handler()
-    _republish_bootstrap(handler)
+    republish_bootstrap(handler)
     info = handler.next_rendezvous()
     assert info.rank == rank
     if rank == 0:  # a node in its first round reads these in this round's store (RendezvousStoreInfo.build)

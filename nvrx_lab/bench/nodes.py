@@ -27,12 +27,15 @@ log lines of each Job are kept in the JSON (``restart_log``); the table shows th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import shlex
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import psutil
 
 from nvrx_lab.bench._procs import TAG_VAR, leftovers, new_tag
 from nvrx_lab.cli import Parser
@@ -43,7 +46,9 @@ from nvrx_lab.net import wait_for
 from nvrx_lab.observe.events import read_events
 from nvrx_lab.observe.table import median, p95, report
 
-KINDS = ("hang", "sigkill", "node-loss")
+KINDS = ("hang", "sigkill", "node-loss", "node-loss+spare")
+SPARE_AFTER_S = 3.0
+"""``node-loss+spare``: the spare pod starts this long after the others, so the first round is full without it."""
 MODES = {"launcher": "ft_launcher", "launcher+inprocess": "ft_launcher+inprocess"}
 """The trainer's ``--restart`` -> the rendered Job's mode."""
 TINY = ("--seq-len", "16", "--dim", "32", "--n-layers", "1", "--n-heads", "2", "--hidden-dim", "64", "--log-every", "1")
@@ -63,9 +68,10 @@ def job_spec(restart: str, kind: str, a, name: str, memory: Path) -> JobSpec:
     """The Job of one run: ``a.faults`` faults of ``kind`` on node ``a.node``, ``a.gap`` steps apart; with local
     checkpoints, node I keeps them in ``memory/node-I`` (its ``/dev/shm``: nodes on one box share the real one)."""
     rank = a.node * a.nproc + (1 if kind == "sigkill" else 0)
-    faults = ",".join(f"{rank}:{s}:{kind}" for s in fault_steps(a)) if kind != "node-loss" else ""
+    faults = ",".join(f"{rank}:{s}:{kind}" for s in fault_steps(a)) if not kind.startswith("node-loss") else ""
     local = ("--local-ckpt-dir", str(memory / "node-{node}")) if a.local_ckpt_interval else ()
-    return JobSpec(name=name, image="local", nodes=a.nodes, mode=MODES[restart], workload="job", steps=fault_steps(a)[-1] + a.gap,
+    return JobSpec(name=name, image="local", nodes=a.nodes, spare_nodes=int(kind == "node-loss+spare"), mode=MODES[restart],
+                   workload="job", steps=fault_steps(a)[-1] + a.gap,
                    ckpt_interval=a.ckpt_interval, faults=faults, train_extra=(*TINY, *local), max_restarts=3 * a.faults + 3,
                    heartbeat_timeout=a.heartbeat_timeout, initial_heartbeat_timeout=60, monitor_interval=0.2,
                    section_timeouts={"checkpoint": 30}, local_ckpt_interval=a.local_ckpt_interval,
@@ -111,9 +117,24 @@ def _steps_after(events: Path, t: float) -> list[dict]:
         if events.exists() else []
 
 
+def training_pod(job: LocalJob, events: Path, a, since: float) -> int:
+    """The pod to lose: ``a.node``; with hot spares, the pod that hosts a trainer of the round now training (the
+    ``start`` events' pids since ``since``) other than index 0 (it hosts the store), as a spare may have taken
+    ``a.node``'s place."""
+    if len(job.run.pods) == a.nodes:
+        return a.node
+    pids = {e["pid"] for e in read_events(events) if e["kind"] == "start" and e["t"] > since and "pid" in e}
+    for pod in job.run.pods[1:]:
+        if pod.proc is not None and pod.proc.poll() is None:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if pids & {c.pid for c in psutil.Process(pod.proc.pid).children(recursive=True)}:
+                    return pod.index
+    return a.node
+
+
 def strike(job: LocalJob, events: Path, a, memory: Path, deadline: float) -> None:
     """Lose node ``a.node`` (and its memory) at each fault step (once training is past it again after the previous
-    loss), all before the monotonic ``deadline``."""
+    loss), all before the monotonic ``deadline``; with hot spares, a node that trains (:func:`training_pod`)."""
     since = 0.0
     for step in fault_steps(a):
         def reached() -> bool:
@@ -122,7 +143,8 @@ def strike(job: LocalJob, events: Path, a, memory: Path, deadline: float) -> Non
             return any(e["step"] >= step for e in _steps_after(events, since))  # noqa: B023
 
         wait_for(reached, deadline - time.monotonic(), f"training to reach step {step}", interval=0.05)
-        since = job.lose_node(a.node, wipe=[memory / f"node-{a.node}"])
+        node = training_pod(job, events, a, since)
+        since = job.lose_node(node, wipe=[memory / f"node-{node}"])
 
 
 def recoveries(events: list[dict], faults: list[float]) -> list[float | None]:
@@ -144,13 +166,15 @@ def run_job(restart: str, kind: str, a, workdir: Path) -> dict:
     manifests = render(job_spec(restart, kind, a, name, memory))
     manifests = with_rdzv_conf(manifests, a.rdzv_conf) if a.rdzv_conf else manifests
     tag = new_tag("nodes")
-    options = LocalOptions(workdir=workdir, max_procs_per_node=a.nproc, extra_env={TAG_VAR: tag}, max_nodes=a.nodes)
+    spare = kind == "node-loss+spare"
+    options = LocalOptions(workdir=workdir, max_procs_per_node=a.nproc, extra_env={TAG_VAR: tag}, max_nodes=a.nodes + spare,
+                           replace_after_s=a.replace_after, start_after_s={a.nodes: SPARE_AFTER_S} if spare else {})
     t0, error = time.monotonic(), None
     deadline = t0 + a.job_timeout
     with LocalJob(manifests, options) as job:
         events = job.run.local_path(f"/fsx/{name}/metrics.jsonl")
         try:
-            if kind == "node-loss":
+            if kind.startswith("node-loss"):
                 strike(job, events, a, memory, deadline)
             wait_for(lambda: over(job), deadline - time.monotonic(), "every pod to exit 0", interval=0.1)
         except JobFailed as e:
@@ -162,7 +186,7 @@ def run_job(restart: str, kind: str, a, workdir: Path) -> dict:
     left = leftovers(tag)
     ev = read_events(events) if events.exists() else []
     lost = [e.t for e in job.run.events if e.kind == "node-lost"]
-    faults = lost if kind == "node-loss" else [e["t"] for e in ev if e["kind"] == "fault"]
+    faults = lost if kind.startswith("node-loss") else [e["t"] for e in ev if e["kind"] == "fault"]
     resumed = [e for e in ev if e["kind"] == "resume" and faults and e["t"] > min(faults)]
     return {"recovery": recoveries(ev, faults), "injected": len(faults), "pod_failures": job.run.failures,
             "sources": [e.get("source") for e in resumed], "rollback": [e.get("rollback_steps") for e in resumed],
@@ -215,6 +239,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--local-ckpt-interval", type=int, default=0,
                     help="the trainer's --local-ckpt-interval (0: off); a lost node loses its memory folder too")
     ap.add_argument("--heartbeat-timeout", type=float, default=3.0, help="the launcher's steady heartbeat timeout (s)")
+    ap.add_argument("--replace-after", type=float, default=0.0,
+                    help="seconds before a lost node's replacement pod starts (EKS: minutes to place and start it); 0: at once")
     ap.add_argument("--rdzv-conf", default="", help="extra c10d settings, e.g. keep_alive_interval=1 (default: as shipped)")
     ap.add_argument("--job-timeout", type=float, default=0, help="bound on one Job (s); 0: 120 + 90 per fault")
     ap.add_argument("--quick", action="store_true", help="2 faults per kind, one Job each")
@@ -242,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nrestart log, --restart {row['restart']}, {row['fault']} (first Job):")
         print("\n".join(f"  {line}" for line in row["restart_log"][0][:16]))
     report("nodes", rows, a.out, "python -m nvrx_lab.bench nodes " + shlex.join(argv),
-           extra={"nodes": a.nodes, "nproc_per_node": a.nproc, "faults_per_job": a.faults, "jobs_per_row": a.jobs},
+           extra={"nodes": a.nodes, "nproc_per_node": a.nproc, "faults_per_job": a.faults, "jobs_per_row": a.jobs,
+                  "replace_after_s": a.replace_after},
            columns=["restart", "fault", "recovered", "median_s", "p95_s", "detect_s", "respawn_s", "pod_failures", "job",
                     "left_running", "resumed_from", "max_rollback", "wall_s"])
     return 1 if any("error" in r for r in rows) else 0

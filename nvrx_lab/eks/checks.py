@@ -64,10 +64,11 @@ def _check_identity(s: JobSpec) -> None:
     if s.workload not in WORKLOADS:
         _fail("workload", f"{s.workload!r}; allowed: auto (a JobSet from 4 nodes up), job (an Indexed Job) or jobset (a "
                           "JobSet: its controller must be installed)")
+    _check_spares(s)
     extra = len(s.pod_hostname_prefix) - len(s.name)  # '-node-0' under a JobSet
-    if len(f"{s.pod_hostname_prefix}-{s.nodes - 1}") > 63:
-        _fail("name", f"{s.name!r} is too long for {s.nodes} nodes: pod hostnames '{s.pod_hostname_prefix}-<index>' "
-                      f"must fit 63 characters; allowed: at most {62 - extra - len(str(s.nodes - 1))} characters")
+    if len(f"{s.pod_hostname_prefix}-{s.pods - 1}") > 63:
+        _fail("name", f"{s.name!r} is too long for {s.pods} pods: pod hostnames '{s.pod_hostname_prefix}-<index>' "
+                      f"must fit 63 characters; allowed: at most {62 - extra - len(str(s.pods - 1))} characters")
     if not isinstance(s.namespace, str) or not DNS1123_LABEL.match(s.namespace) or len(s.namespace) > 63:
         _fail("namespace", f"{s.namespace!r} is not a DNS-1123 label; " + LABEL_RULE.format("and "))
     if not s.image or any(c.isspace() for c in s.image):
@@ -81,6 +82,15 @@ def _check_identity(s: JobSpec) -> None:
 def _world(s: JobSpec) -> str:
     """How the world size comes about, for messages: ``2 nodes x 8 GPUs`` (``x 3 replica groups``)."""
     return f"{s.nodes} nodes x {s.gpus} GPUs" + (f" x {s.groups} replica groups" if s.groups > 1 else "")
+
+
+def _check_spares(s: JobSpec) -> None:
+    """Hot spares wait in the launcher's c10d rendezvous: only the launcher modes have one to wait in."""
+    if not isinstance(s.spare_nodes, int) or isinstance(s.spare_nodes, bool) or s.spare_nodes < 0:
+        _fail("spare_nodes", f"must be an integer >= 0, got {s.spare_nodes!r}")
+    if s.spare_nodes and (not s.mode_info.uses_launcher or s.mode_info.replicated):
+        _fail("spare_nodes", f"{s.spare_nodes} with mode {s.mode!r}: spares wait in the launcher's rendezvous; allowed: 0 "
+                             "here, or mode ft_launcher / ft_launcher+inprocess")
 
 
 def _check_replicas(s: JobSpec) -> None:

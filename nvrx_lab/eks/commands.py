@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from nvrx_lab.cli import field_docs
+from nvrx_lab.eks import rbac
 from nvrx_lab.eks.spec import JobSpec
 from nvrx_lab.runner import Launcher, LauncherConfig, Torchrun, Worker
 
@@ -83,7 +84,9 @@ def launch_head(s: JobSpec) -> PodTorchrun | Launcher:
     on_line = {name: getattr(s.launcher, name) for name in COMMAND_LINE}
     return Launcher(**common, rdzv_backend="c10d", rdzv_endpoint="${RANK0_HOST}:${RDZV_PORT}", rdzv_id=s.name,
                     rdzv_conf=conf, local_addr="${NODE_ADDR}",
-                    settings=LauncherConfig(**on_line, metrics_file="${RUN_DIR}/metrics.jsonl"), config="${LAUNCHER_CONFIG}")
+                    settings=LauncherConfig(**on_line, metrics_file="${RUN_DIR}/metrics.jsonl",
+                                            mark_node="${NODE_NAME}" if rbac.marks_nodes(s) else ""),
+                    config="${LAUNCHER_CONFIG}")
 
 
 def train_worker(s: JobSpec) -> Worker:
@@ -144,7 +147,10 @@ def _launcher_why(s: JobSpec) -> dict[str, str]:
                        "short rejoin timeout: a vanished index 0 is waited for that long, then the others wait for its "
                        "replacement and rejoin in their pods; a lost node leaves the rendezvous after 3 keep-alive "
                        "intervals (torch's 15 s)",
-        "--local-addr": "sorts like the completion index (c10d numbers nodes in this order): node rank = index",
+        "--local-addr": "sorts like the completion index (c10d numbers nodes in this order): node rank = index; pods "
+                        "beyond --nnodes (hot spares) wait in the rendezvous and take a lost node's place",
+        "--mark-node": "this pod's node (downward API): labelled and tainted if a health check fails, so the "
+                       "replacement pod lands elsewhere",
         "--max-restarts": "in-pod group restarts after a failure here; then every pod fails (backoffLimit)",
         "--monitor-interval": "seconds between checks of worker exits and heartbeats",
         "--metrics-file": "restart events join the trainer's event stream",

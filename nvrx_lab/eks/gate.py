@@ -28,7 +28,7 @@ def gate_spec(spec: JobSpec) -> JobSpec:
     """``spec``'s pods, two of them, as a plain Indexed Job that trains nothing and is never retried."""
     return dataclasses.replace(spec, name=f"{spec.name[:63 - len(SUFFIX) - 2]}{SUFFIX}", nodes=NODES, mode="baseline",
                                workload="job", faults="", local_ckpt_interval=0, local_ckpt_gib=0, ckpt="none",
-                               backoff_limit=0, replica_groups=2, min_replicas=1, queue_name=spec.queue_name)
+                               backoff_limit=0, replica_groups=2, min_replicas=1, spare_nodes=0)
 
 
 def min_busbw(spec: JobSpec) -> float:

@@ -51,7 +51,7 @@ def pod_requests(pod_spec: dict) -> dict[str, str]:
 def kueue_objects(spec: JobSpec, pod_spec: dict, flavor: str = "p5") -> list[dict]:
     """The ResourceFlavor (the instance type's nodes), the ClusterQueue with quota for ``spec.nodes`` pods of
     ``pod_spec`` (x the replica groups), and the LocalQueue ``spec.queue_name`` in the job's namespace."""
-    pods = spec.nodes * spec.groups
+    pods = spec.pods * spec.groups
     requests = pod_requests(pod_spec)
     cluster_queue = f"{spec.queue_name}-cluster"
     return [

@@ -68,6 +68,9 @@ class LocalOptions:
     """Completion index -> seconds its first attempt starts after the others'."""
     grace_s: float = 5.0
     """A pod's time between SIGTERM and SIGKILL when the Job ends or a JobSet recreates it."""
+    replace_after_s: float = 0.0
+    """Seconds before the pod that replaces one whose node was lost starts (on EKS: placed on another node, the
+    image pulled or cached, the container started: tens of seconds to minutes); 0: at once."""
 
 
 def kill_tree(root: int | psutil.Process) -> list[psutil.Process]:
@@ -138,6 +141,9 @@ class LocalJob:
         self.logdir = workdir / "logs"
         self.logdir.mkdir(parents=True, exist_ok=True)
         self.backoff = 0 if self.jobset is not None else int(self.job["spec"].get("backoffLimit", 6))
+        rules = (self.job["spec"].get("successPolicy") or {}).get("rules") or [{}]
+        self.succeeded_count = int(rules[0].get("succeededCount", len(self.run.pods)))
+        """Indexes that must succeed (``successPolicy``'s ``succeededCount``, else all): then the Job has succeeded."""
         self.done: set[int] = set()
         """Indexes whose last attempt exited 0."""
         self.pending: dict[int, float] = {}
@@ -172,8 +178,11 @@ class LocalJob:
                 self.done.add(pod.index)
             else:
                 self._failed(pod, code)
-        if run.status not in OVER and len(self.done) == len(run.pods):
+        if run.status not in OVER and len(self.done) >= self.succeeded_count:
             run.status = "Succeeded"
+            for pod in run.pods:  # successPolicy met: the pods still running (hot spares) are stopped
+                if pod.index not in self.done and pod.proc is not None and pod.proc.poll() is None:
+                    self._event(pod, "stopped", _stop(pod.proc, self.options.grace_s))
         return run.status in OVER
 
     def lose_node(self, index: int, wipe: Iterable[str | Path] = ()) -> float:
@@ -219,6 +228,9 @@ class LocalJob:
         """Apply the rules to ``pod``'s failure: start it again, recreate the group, or fail the Job."""
         run, action = self.run, _action(self.job, code, conditions)
         if action == "Ignore":
+            if "DisruptionTarget" in conditions and self.options.replace_after_s > 0:  # placed on another node first
+                pod.proc, self.pending[pod.index] = None, time.monotonic() + self.options.replace_after_s
+                return
             self._start(pod)
             return
         if action != "FailJob":

@@ -122,13 +122,14 @@ def nodes(spec: JobSpec, core: kubernetes.client.CoreV1Api) -> Finding:
                                       "entry)")
     fit = [n for n in listed if _ready(n) and _allocatable(n, "nvidia.com/gpu") >= spec.gpus
            and _allocatable(n, "vpc.amazonaws.com/efa") >= spec.efa]
-    need = spec.nodes * spec.groups
+    need = spec.pods * spec.groups
     said = f"{len(fit)} of {len(listed)} {spec.instance_type} nodes ready with {spec.gpus} GPUs and {spec.efa} EFA"
     if spec.queue_name:
         return Finding("nodes", True, f"nodes: {said}; Kueue queue {spec.queue_name} admits the {need} pods when "
                                       "their quota frees")
     if len(fit) < need:
-        return Finding("nodes", False, f"JobSpec.nodes: {need} wanted, {said}; scale the node group, lower nodes, or "
+        field = "JobSpec.nodes + spare_nodes" if spec.spare_nodes else "JobSpec.nodes"
+        return Finding("nodes", False, f"{field}: {need} wanted, {said}; scale the node group, lower nodes, or "
                                        "pass queue_name to wait in Kueue")
     return Finding("nodes", True, f"nodes: {said}, {need} wanted")
 

@@ -27,7 +27,7 @@ Service and the Indexed Job. The pod template is where the modes meet the hardwa
 
 from __future__ import annotations
 
-from nvrx_lab.eks import commands, replicas
+from nvrx_lab.eks import commands, rbac, replicas
 from nvrx_lab.eks.jobset import jobset
 from nvrx_lab.eks.modes import flight_recorder_env, nccl_env
 from nvrx_lab.eks.spec import JobSpec
@@ -105,7 +105,9 @@ def service(s: JobSpec) -> dict:
 def env_vars(s: JobSpec) -> list[tuple[str, str, str]]:
     """(name, value, why) of the plain variables; ``JOB_COMPLETION_INDEX`` and secrets come by reference."""
     return [
-        ("NNODES", str(s.nodes), "nodes in the job = the Indexed Job's completions"),
+        ("NNODES", str(s.nodes), f"nodes that train (--nnodes); the Indexed Job's completions: {s.pods}, with "
+                                 f"{s.spare_nodes} hot spare(s) waiting in the rendezvous" if s.spare_nodes else
+         "nodes in the job = the Indexed Job's completions"),
         ("NPROC_PER_NODE", str(s.gpus), "workers per pod = nvidia.com/gpu"),
         ("RANK0_HOST", s.rank0_host, "completion index 0's DNS name under the headless Service"),
         *([] if s.mode_info.replicated else
@@ -141,6 +143,8 @@ def resources(s: JobSpec) -> dict:
 def container(s: JobSpec) -> dict:
     env = [{"name": "JOB_COMPLETION_INDEX",
             "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}}}]
+    if rbac.marks_nodes(s):  # the node a failed health check marks (nvrx_lab.health.mark)
+        env.append({"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
     env += [{"name": k, "value": v} for k, v, _ in env_vars(s)]
     env += [{"name": var, "valueFrom": {"secretKeyRef": {"name": ref.partition("/")[0], "key": ref.partition("/")[2],
                                                          "optional": True}}} for var, ref in s.secret_env.items()]
@@ -238,13 +242,19 @@ def pod_template(s: JobSpec) -> dict:
     }
     if s.priority_class:
         pod_spec["priorityClassName"] = s.priority_class
+    if rbac.marks_nodes(s):  # its token may get and patch nodes, nothing else (nvrx_lab.eks.rbac)
+        pod_spec.update(serviceAccountName=rbac.account(s), automountServiceAccountToken=True)
+        pod_spec["affinity"]["nodeAffinity"] = rbac.node_affinity()
     return {"metadata": {"labels": labels(s)}, "spec": pod_spec}
 
 
 def job_spec(s: JobSpec, backoff_limit: int) -> dict:
     """The Indexed Job's ``spec``: one pod per completion index, the restart rules."""
-    return {"completionMode": "Indexed", "completions": s.nodes, "parallelism": s.nodes,
+    spec = {"completionMode": "Indexed", "completions": s.pods, "parallelism": s.pods,
             "backoffLimit": backoff_limit, "podFailurePolicy": pod_failure_policy(), "template": pod_template(s)}
+    if s.spare_nodes:  # done once the nodes that train finished: the spares still waiting are stopped (Kubernetes 1.31+)
+        spec["successPolicy"] = {"rules": [{"succeededCount": s.nodes}]}
+    return spec
 
 
 def job(s: JobSpec) -> dict:
@@ -265,6 +275,8 @@ def render(spec: JobSpec) -> list[dict]:
         out += fsx_storage(spec)
     if spec.mode_info.uses_launcher:
         out.append(config_map(spec))
+    if rbac.marks_nodes(spec):
+        out += rbac.objects(spec, _meta(spec, spec.name))
     if spec.workload_kind == "jobset":
         meta = _meta(spec, spec.name) | {"labels": workload_labels(spec), "annotations": {"nvrx-lab/mode": spec.mode}}
         return [*out, jobset(spec, meta, job_spec(spec, backoff_limit=0), labels(spec))]

@@ -12,28 +12,29 @@ The launcher's settings are the launcher's own :class:`~nvrx_lab.launcher.config
 
 from __future__ import annotations
 
-import math
 from dataclasses import InitVar, dataclass, field
 
-from nvrx_lab.eks import sizing
 from nvrx_lab.eks.checks import check
-from nvrx_lab.eks.instances import InstanceType, instance_type, pod_resources
+from nvrx_lab.eks.instances import InstanceType, instance_type
 from nvrx_lab.eks.launcher_settings import launcher_for, pod_launcher
 from nvrx_lab.eks.modes import Mode, mode
+from nvrx_lab.eks.spec_sizes import Sizes
 from nvrx_lab.runner import LauncherConfig
-from nvrx_lab.sizing import StateSize
 
 JOBSET_FROM_NODES = 4  # workload='auto' renders a JobSet from this many nodes up
 
 
 @dataclass
-class JobSpec:
+class JobSpec(Sizes):
     name: str
     """Job name; also the headless Service's, so a DNS-1035 label (starts with a letter): rank 0 is ``<name>-0.<name>``."""
     image: str
     """Training image (see ``manifests/Dockerfile``), ideally an immutable tag or digest."""
     nodes: int = 2
-    """Nodes = pods = completion indexes of the Indexed Job (one pod per node)."""
+    """Nodes that train: one pod each, ``--nnodes`` of the rendezvous."""
+    spare_nodes: int = 0
+    """Hot spares (launcher modes): :attr:`pods` is ``nodes + spare_nodes``; the rendezvous admits ``nodes`` and holds
+    the rest warm (torch's redundancy list, torch imported), so a spare takes a lost node's place in seconds."""
     mode: str = "ft_launcher"
     """baseline, async_ckpt, inprocess, ft_launcher, ft_launcher+inprocess or replicas (see :mod:`nvrx_lab.eks.modes`)."""
     replica_groups: int = 2
@@ -140,9 +141,8 @@ class JobSpec:
     launcher's own CLI reads), :func:`pod_launcher`'s by default; its ``restart_policy`` is the mode's. Rendered as
     the pod's ``--max-restarts`` and ``--monitor-interval`` and the ConfigMap's ``launcher.yaml`` (the rest)."""
     max_restarts: InitVar[int | None] = None
-    """Shorthand for ``launcher.max_restarts`` (as are the four below): ``JobSpec(..., heartbeat_timeout=60)`` is
-    ``JobSpec(..., launcher=pod_launcher(heartbeat_timeout=60))``, and ``dataclasses.replace(spec,
-    heartbeat_timeout=60)`` changes that one setting. Read them from ``spec.launcher``."""
+    """Shorthand for ``launcher.max_restarts``, as are the four below (``JobSpec(..., heartbeat_timeout=60)`` is
+    ``launcher=pod_launcher(heartbeat_timeout=60)``). Read them from ``spec.launcher``."""
     heartbeat_timeout: InitVar[float | None] = None
     initial_heartbeat_timeout: InitVar[float | None] = None
     monitor_interval: InitVar[float | None] = None
@@ -180,6 +180,10 @@ class JobSpec:
     """IfNotPresent: a replaced pod on a node that has the image starts in seconds, not minutes."""
     priority_class: str = ""
     """PriorityClass of the pods (empty: the cluster default)."""
+    mark_unhealthy_nodes: bool = True
+    """Launcher modes with health checks: a node that fails one is labelled and tainted through the API before its
+    launcher exits 5, and the pods avoid such nodes (:mod:`nvrx_lab.eks.rbac`: a ServiceAccount that may patch
+    nodes). False: no cluster-wide RBAC; the exit code alone keeps the node out of the next round."""
 
     def __post_init__(self, max_restarts, heartbeat_timeout, initial_heartbeat_timeout, monitor_interval,
                       section_timeouts) -> None:
@@ -232,47 +236,6 @@ class JobSpec:
         return (10 if self.mode_info.kubernetes_restarts else 3) * self.nodes
 
     @property
-    def shards(self) -> int:
-        return sizing.shards(self)
-
-    @property
-    def sizing(self) -> StateSize:
-        return sizing.sizing(self)
-
-    @property
-    def state_gib_per_gpu(self) -> float:
-        return sizing.checkpointed_gib(self)
-
-    @property
-    def collective_timeout(self) -> float:
-        return self.pg_timeout if self.pg_timeout is not None else sizing.collective_timeout(self)
-
-    @property
-    def rendered_launcher(self) -> LauncherConfig:
-        """``launcher`` as rendered: a ``checkpoint`` section it does not set lasts twice a blocking save (600 s at least)."""
-        return sizing.with_save_timeout(self)
-
-    @property
-    def staging_gib(self) -> int:
-        """``/dev/shm`` for the async checkpoint's staging copy: one per GPU (a sync save writes the live tensors)."""
-        return math.ceil(self.state_gib_per_gpu * self.gpus) if self.ckpt_mode == "async" else 0
-
-    @property
-    def local_copies_gib(self) -> int:
-        """Room for the local checkpoints: ``local_ckpt_gib``, else 4 x the checkpointed state of a GPU x GPUs (0 when
-    off)."""
-        if not self.local_ckpt_interval:
-            return 0
-        return self.local_ckpt_gib or math.ceil(4 * self.state_gib_per_gpu * self.gpus)
-
-    @property
-    def shm(self) -> int:
-        """The memory-backed ``/dev/shm``'s size limit in GiB: NCCL's and dataloaders', the staging copy, and the local
-        checkpoints unless they are on NVMe."""
-        base = self.shm_gib or max(1, min(64, self.cpu_memory[1] // 4))
-        return base + self.staging_gib + (0 if self.local_ckpt_on_nvme else self.local_copies_gib)
-
-    @property
     def workload_kind(self) -> str:
         """``job`` or ``jobset``: :attr:`workload`, with ``auto`` decided by the number of nodes and the mode."""
         if self.workload != "auto":
@@ -280,21 +243,20 @@ class JobSpec:
         return "jobset" if self.nodes >= JOBSET_FROM_NODES and not self.mode_info.replicated else "job"
 
     @property
+    def pods(self) -> int:
+        """Pods = completion indexes: the nodes that train and the hot spares."""
+        return self.nodes + self.spare_nodes
+
+    @property
     def pod_hostname_prefix(self) -> str:
-        """Pod ``i``'s hostname is ``<prefix>-<i>``: the Job's name, or ``<jobset>-node-0`` (JobSet's child Job)."""
+        """Pod ``i``'s hostname: ``<prefix>-<i>``, the Job's name or ``<jobset>-node-0`` (JobSet's child Job)."""
         return f"{self.name}-node-0" if self.workload_kind == "jobset" else self.name
 
     @property
     def rank0_host(self) -> str:
-        """Rank 0's stable DNS name: pod hostname ``<job>-0`` (``<jobset>-node-0-0``) under the headless Service
-        ``<name>``."""
+        """Rank 0's DNS name: pod ``<job>-0`` (``<jobset>-node-0-0``) under the headless Service ``<name>``."""
         return f"{self.pod_hostname_prefix}-0.{self.name}"
 
     @property
     def run_dir(self) -> str:
         return f"{self.mount_path.rstrip('/')}/{self.name}"
-
-    @property
-    def cpu_memory(self) -> tuple[int, int]:
-        return pod_resources(self.instance)
-

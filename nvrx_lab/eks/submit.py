@@ -30,6 +30,7 @@ import boto3
 import kubernetes.client
 from kubernetes.client.rest import ApiException
 
+from nvrx_lab.eks import rbac
 from nvrx_lab.eks.auth import EksError, api_client, explain
 from nvrx_lab.eks.gate import gate_manifests, gate_spec
 from nvrx_lab.eks.preflight import Finding
@@ -76,14 +77,21 @@ class SubmitResult:
     """The last lines of rank 0's log."""
 
 
-KEEP = ("Namespace", "PersistentVolume", "PersistentVolumeClaim")
-"""Created when missing, never replaced: a namespace may be someone else's, storage may hold checkpoints."""
+KEEP = ("Namespace", "PersistentVolume", "PersistentVolumeClaim", "ServiceAccount", "ClusterRole", "ClusterRoleBinding")
+"""Created when missing, never replaced: a namespace may be someone else's, storage may hold checkpoints, the node
+marker's ClusterRole is shared by every job (:mod:`nvrx_lab.eks.rbac`)."""
 
 
 def _ensure(core: kubernetes.client.CoreV1Api, m: dict) -> str:
     """Read first, create only when missing; a 403 on both for a cluster-scoped object means 'not ours to see'."""
     kind, name, ns = m["kind"], m["metadata"]["name"], m["metadata"].get("namespace")
+    rbac = kubernetes.client.RbacAuthorizationV1Api(core.api_client)
     read, create = {"Namespace": (lambda: core.read_namespace(name), lambda: core.create_namespace(m)),
+                    "ServiceAccount": (lambda: core.read_namespaced_service_account(name, ns),
+                                       lambda: core.create_namespaced_service_account(ns, m)),
+                    "ClusterRole": (lambda: rbac.read_cluster_role(name), lambda: rbac.create_cluster_role(m)),
+                    "ClusterRoleBinding": (lambda: rbac.read_cluster_role_binding(name),
+                                           lambda: rbac.create_cluster_role_binding(m)),
                     "PersistentVolume": (lambda: core.read_persistent_volume(name), lambda: core.create_persistent_volume(m)),
                     "PersistentVolumeClaim": (lambda: core.read_namespaced_persistent_volume_claim(name, ns),
                                               lambda: core.create_namespaced_persistent_volume_claim(ns, m))}[kind]
@@ -100,7 +108,7 @@ def _ensure(core: kubernetes.client.CoreV1Api, m: dict) -> str:
     except ApiException as exc:
         if exc.status == 409:
             return f"exists {kind}/{name}"
-        if exc.status == 403 and forbidden and kind != "PersistentVolumeClaim":
+        if exc.status == 403 and forbidden and kind not in ("PersistentVolumeClaim", "ServiceAccount"):
             return f"assumed {kind}/{name} (403 on read and create: access stops at the namespace)"
         raise
 
@@ -262,16 +270,19 @@ def check_cluster(spec: JobSpec, cluster: str, region: str, *, access: Access | 
 
 
 def delete(spec: JobSpec, cluster: str, region: str, *, access: Access | None = None, wait_s: float = 120.0) -> list[str]:
-    """Delete the Job or JobSet of ``spec``'s name (either: a name is one job), with its pods, its Service and ConfigMap;
-    storage and namespace stay."""
+    """Delete the Job or JobSet of ``spec``'s name (either: a name is one job), with its pods, its Service, ConfigMap,
+    ServiceAccount and role binding; storage, namespace and the shared ClusterRole stay."""
     done = []
     with _cluster_api(cluster, region, spec.namespace, access or Access()) as api:
-        core = kubernetes.client.CoreV1Api(api)
+        core, roles = kubernetes.client.CoreV1Api(api), kubernetes.client.RbacAuthorizationV1Api(api)
         for kind in ("JobSet", "Job"):
             if _delete(Workload(api, spec, kind), wait_s):
                 done.append(f"deleted {kind}/{spec.name}")
+        binding = rbac.binding_name(spec)
         for kind, fn, name in (("Service", core.delete_namespaced_service, spec.name),
-                               ("ConfigMap", core.delete_namespaced_config_map, f"{spec.name}-launcher")):
+                               ("ConfigMap", core.delete_namespaced_config_map, f"{spec.name}-launcher"),
+                               ("ServiceAccount", core.delete_namespaced_service_account, rbac.account(spec)),
+                               ("ClusterRoleBinding", lambda n, _: roles.delete_cluster_role_binding(n), binding)):
             try:
                 fn(name, spec.namespace)
                 done.append(f"deleted {kind}/{name}")

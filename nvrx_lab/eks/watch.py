@@ -231,7 +231,7 @@ def watch(api: kubernetes.client.ApiClient, spec: JobSpec, settings: Watch, echo
             return cause.split(":")[0]
         return ended
 
-    with tqdm(total=spec.nodes, desc=f"{spec.name} pods running", unit="pod") as bar:
+    with tqdm(total=spec.pods, desc=f"{spec.name} pods running", unit="pod") as bar:
         try:
             status = wait_for(look, settings.timeout_s, f"{top} to end", interval=settings.poll_s)
         except TimeoutError:

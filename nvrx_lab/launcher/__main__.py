@@ -113,9 +113,9 @@ def _launch(config: LaunchConfig, cmd: str, cmd_args: list[str], settings: Launc
     params, master_addr, master_port = _rendezvous(config)
     os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle  # torch's, read in this process
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "0"  # torch's rendezvous: workers are clients of our stores
-    result = agent = None
-    rdzv_handler = None
+    result = agent = rdzv_handler = None
     progress = ProgressTracker(settings.metrics_file, settings.max_no_progress_cycles)  # one count across rejoins
+    checks = _health(settings)
     try:
         for rejoin in range(config.max_restarts + 1):
             rdzv_handler = rdzv_registry.get_rendezvous_handler(params)
@@ -128,7 +128,7 @@ def _launch(config: LaunchConfig, cmd: str, cmd_args: list[str], settings: Launc
             agent = HeartbeatAgent(spec, config.logs_specs, monitors, restart_log, policy, zygote,
                                    start_method=config.start_method, shutdown_timeout=config.shutdown_timeout)
             agent.trace_dump_prefix, agent.progress = settings.trace_dump_prefix, progress
-            agent.health = _health(settings)
+            agent.health = checks
             try:
                 result = agent.run()
                 break
@@ -139,7 +139,7 @@ def _launch(config: LaunchConfig, cmd: str, cmd_args: list[str], settings: Launc
         restart_log.say(f"launcher got {e.sigval.name}: workers stopped")
         return 128 + int(e.sigval)
     except NodeUnhealthy:
-        return UNHEALTHY
+        return _unhealthy(settings, checks, restart_log)
     finally:
         if rdzv_handler is not None and result is not None:
             rdzv_handler.shutdown()
@@ -147,19 +147,37 @@ def _launch(config: LaunchConfig, cmd: str, cmd_args: list[str], settings: Launc
         if zygote is not None:
             zygote.close()
         shutil.rmtree(directory, ignore_errors=True)
-    return exit_status(result, agent.usage_error if agent is not None else None, restart_log, config.max_restarts,
-                       agent.no_progress if agent is not None else None)
+    return exit_status(result, agent, restart_log, config.max_restarts)
 
 
-def _health(settings: LauncherConfig):
-    """The node's health checks as the launcher runs them, or None when they are off."""
-    if not settings.health_checks:
-        return None
-    from nvrx_lab.health.checks import HealthSettings, run_all
+class _Checks:
+    """The node's health checks as the launcher runs them; ``last``: the latest verdicts (a failure marks the node)."""
 
-    folder = os.path.dirname(os.path.abspath(settings.metrics_file)) if settings.metrics_file else None
-    checks = HealthSettings(folder=folder, sysfs=settings.health_sysfs)
-    return lambda: run_all(checks)
+    def __init__(self, settings: LauncherConfig):
+        from nvrx_lab.health.checks import HealthSettings
+
+        folder = os.path.dirname(os.path.abspath(settings.metrics_file)) if settings.metrics_file else None
+        self.settings, self.last = HealthSettings(folder=folder, sysfs=settings.health_sysfs), []
+
+    def __call__(self) -> list:
+        from nvrx_lab.health.checks import run_all
+
+        self.last = run_all(self.settings)
+        return self.last
+
+
+def _unhealthy(settings: LauncherConfig, checks: _Checks, restart_log: RestartLog) -> int:
+    """This node failed a check: marked on Kubernetes when ``--mark-node`` names it (:mod:`nvrx_lab.health.mark`)."""
+    if settings.mark_node:
+        from nvrx_lab.health.mark import mark
+
+        restart_log.say(mark(settings.mark_node, [v for v in checks.last if v.failed]))
+    return UNHEALTHY
+
+
+def _health(settings: LauncherConfig) -> _Checks | None:
+    """The node's health checks, or None when they are off."""
+    return _Checks(settings) if settings.health_checks else None
 
 
 def _rejoin(error: BaseException, params: RendezvousParameters, restart_log: RestartLog, rejoin: int,
@@ -186,21 +204,26 @@ RENDEZVOUS_CLOSED = 3
 Kubernetes an index that exits 0 is Succeeded for good), not a usage error (2)."""
 
 
-def exit_status(result, usage_error, restart_log, max_restarts: int, no_progress: str | None = None) -> int:
+def exit_status(result, agent, restart_log, max_restarts: int) -> int:
     """The launcher's exit status from torch's agent's ``result``: 0 when the workers succeeded; a usage error's own;
-    :data:`RENDEZVOUS_CLOSED` when torch's agent returned nothing (the rendezvous was closed by another node, which
-    finished or gave up, before this one trained to the end: said in one line); ``NO_PROGRESS`` (4) when restarts
-    committed nothing new (``no_progress``, the line that says so); 1 when the workers failed."""
+    0 for a hot spare no round admitted (the rendezvous closed while it waited); :data:`RENDEZVOUS_CLOSED` when
+    torch's agent returned nothing to a node that trained (the rendezvous was closed by another node, which finished
+    or gave up, before this one trained to the end: said in one line); ``NO_PROGRESS`` (4) when restarts committed
+    nothing new (``agent.no_progress``, the line that says so); 1 when the workers failed."""
+    if result is None and agent is not None and not agent.admitted:
+        restart_log.say("this node was a hot spare and no round needed it: the rendezvous closed (the job ended: its "
+                        "nodes finished or gave up); exit 0")
+        return 0
     if result is None:
         restart_log.say(f"the rendezvous was closed by another node (it finished or gave up) before this node's workers "
                         f"finished: exit {RENDEZVOUS_CLOSED}, not 0, so this node is not counted as done")
         return RENDEZVOUS_CLOSED
     if result.state.name not in ("FAILED", "UNHEALTHY"):
         return 0
-    if usage_error is not None:
-        return usage_error.exit_code
-    if no_progress is not None:
-        restart_log.say(no_progress)
+    if agent is not None and agent.usage_error is not None:
+        return agent.usage_error.exit_code
+    if agent is not None and agent.no_progress is not None:
+        restart_log.say(agent.no_progress)
         return NO_PROGRESS
     restart_log.say(f"workers failed after {max_restarts} restart(s); giving up")
     return 1

@@ -16,7 +16,7 @@ What it changes, and why:
 * **A replacement node can join.** With the store shared (above), torch's c10d handler publishes rank 0's
   ``MASTER_ADDR``/``MASTER_PORT`` only in the first round, yet a node joining a later round (a pod
   replaced after its node was lost) waits for them in *its* round's store: 60 s, then every agent of
-  that round fails. Rank 0's agent publishes them again in every round (:func:`_republish_bootstrap`).
+  that round fails. Rank 0's agent publishes them again in every round (:func:`~nvrx_lab.launcher.rounds.republish_bootstrap`).
 * **Warm standby** (optional, :mod:`nvrx_lab.launcher.standby`): after torchelastic stops workers
   the zygote is asked to SIGKILL anything left, so a new round never overlaps the old one.
 * **Restart log** (:mod:`nvrx_lab.launcher.restart_log`): why, how fast detected, how fast respawned.
@@ -42,13 +42,13 @@ from collections.abc import Callable
 from torch.distributed import TCPStore
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
 
 from nvrx_lab.flight_recorder import request_dumps
 from nvrx_lab.launcher.monitor import LAST_FAILURE_ENV, MonitorServer
 from nvrx_lab.launcher.policy import TOLERATES_ENV, USAGE_ERROR, RestartPolicy, any_failed, tolerated_losses
 from nvrx_lab.launcher.progress import ProgressTracker
 from nvrx_lab.launcher.restart_log import Failure, RestartLog, describe_exit
+from nvrx_lab.launcher.rounds import republish_bootstrap, round_number, wait_only_with_room
 from nvrx_lab.launcher.standby import Zygote
 from nvrx_lab.net import listen, wait_for
 
@@ -75,22 +75,6 @@ def _listen_with_successor(addr: str, tries: int = 50) -> tuple[socket.socket, s
     raise RuntimeError(f"no port on {addr} whose successor is free too in {tries} tries")
 
 
-def _republish_bootstrap(handler) -> None:
-    """After each round, group rank 0 writes its bootstrap address into that round's store, where a node that
-    joins in that round (its first) reads it (``RendezvousStoreInfo.build``); the other nodes ignore it."""
-    inner = handler.next_rendezvous
-
-    def next_rendezvous():
-        info = inner()
-        boot = info.bootstrap_store_info
-        if info.rank == 0 and boot is not None:
-            info.store.set(RendezvousStoreInfo.MASTER_ADDR_KEY, boot.master_addr)
-            info.store.set(RendezvousStoreInfo.MASTER_PORT_KEY, str(boot.master_port))
-        return info
-
-    handler.next_rendezvous = next_rendezvous
-
-
 class HeartbeatAgent(LocalElasticAgent):
     """``LocalElasticAgent`` that also restarts on missed heartbeats and uses a fresh store per round."""
 
@@ -98,7 +82,8 @@ class HeartbeatAgent(LocalElasticAgent):
                  policy: RestartPolicy = any_failed, zygote: Zygote | None = None,
                  start_method: str = "spawn", shutdown_timeout: int = 5):
         super().__init__(spec, logs_specs, start_method=start_method, shutdown_timeout=shutdown_timeout)
-        _republish_bootstrap(spec.rdzv_handler)
+        republish_bootstrap(spec.rdzv_handler)
+        wait_only_with_room(spec.rdzv_handler)
         self.monitors, self.restart_log, self.policy, self.zygote = monitors, restart_log, policy, zygote
         self._round_store: TCPStore | None = None
         self._successor: socket.socket | None = None  # MASTER_PORT + 1, held free until the round's workers start
@@ -115,6 +100,8 @@ class HeartbeatAgent(LocalElasticAgent):
         """Where a hang's flight-recorder dumps go (``<prefix><rank>``); None: not dumped, and said."""
         self.usage_error: Failure | None = None
         """The worker that exited with a usage error, if one did: the job stopped without a restart."""
+        self.admitted = False
+        """Whether a rendezvous round admitted this node: a node beyond ``--nnodes`` waits as a hot spare until then."""
 
     @property
     def restart_count(self) -> int:
@@ -124,7 +111,13 @@ class HeartbeatAgent(LocalElasticAgent):
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
         if self.health is not None:  # before this node joins a round: a bad GPU or a down port does not rejoin
             self.restart_log.health(self.health())
+        t0 = time.monotonic()
         super()._rendezvous(worker_group)
+        if not self.admitted and (number := round_number(self._rdzv_handler)):  # a later round: someone's place
+            self.restart_log.say(f"rendezvous: admitted as node {worker_group.group_rank} of {worker_group.group_world_size} "
+                                 f"in round {number}, after {time.monotonic() - t0:.1f} s waiting: a hot spare (or a "
+                                 "replacement pod) taking a lost node's place")
+        self.admitted = True
         store = worker_group.store  # prefixed with this round's number by the c10d handler
         if worker_group.group_rank == 0:
             if self._successor is not None:  # a round that started no workers

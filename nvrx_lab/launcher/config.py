@@ -103,6 +103,9 @@ class LauncherConfig(Settings):
     ports, the metrics folder's storage, memory); a node that fails one leaves with exit 5 (--no-health-checks: off)."""
     health_sysfs: str = field(default="/sys/class/infiniband", metadata={"parse": str})
     """Where the RDMA devices are listed (tests point it at a fixture tree)."""
+    mark_node: str = field(default="", metadata={"parse": str})
+    """The Kubernetes node to label and taint when a health check fails (:mod:`nvrx_lab.health.mark`; pods: the
+    downward API's ``spec.nodeName``); empty: not marked."""
     trace_dump_prefix: str | None = field(default=None, metadata={"parse": str})
     """Where a hang's flight-recorder dumps go, ``<prefix><rank>`` (default: $TORCH_FR_DUMP_TEMP_FILE, torch's own
     dumps' naming; else ``nccl-trace/rank_`` beside the metrics file; else none, and said)."""

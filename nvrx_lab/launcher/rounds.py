@@ -1,0 +1,48 @@
+"""What the launcher's agent changes in torch's c10d rendezvous handler, each a wrapper around one of its methods.
+
+* :func:`republish_bootstrap` — a node that joins in a later round (a replaced pod) finds rank 0's address there;
+* :func:`wait_only_with_room` — hot spares wait without restarting the groups that train;
+* :func:`round_number` — which round admitted this node (a later one: it took a lost node's place).
+"""
+
+from __future__ import annotations
+
+from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
+
+
+def republish_bootstrap(handler) -> None:
+    """After each round, group rank 0 writes its bootstrap address into that round's store, where a node that
+    joins in that round (its first) reads it (``RendezvousStoreInfo.build``); the other nodes ignore it."""
+    inner = handler.next_rendezvous
+
+    def next_rendezvous():
+        info = inner()
+        boot = info.bootstrap_store_info
+        if info.rank == 0 and boot is not None:
+            info.store.set(RendezvousStoreInfo.MASTER_ADDR_KEY, boot.master_addr)
+            info.store.set(RendezvousStoreInfo.MASTER_PORT_KEY, str(boot.master_port))
+        return info
+
+    handler.next_rendezvous = next_rendezvous
+
+
+def wait_only_with_room(handler) -> None:
+    """torch's agents restart their workers whenever a node waits for the next round (``num_nodes_waiting``), but a
+    node that lost the race for a full round stays on the wait list (only newcomers go to the redundancy list): with
+    hot spares the groups restarted over and over (seen: 6 rounds in 10 s, then stuck). A waiting node counts only
+    when the round has room for it: a lost node's place, once its keep-alive expired."""
+    inner = handler.num_nodes_waiting
+
+    def num_nodes_waiting() -> int:
+        waiting = inner()  # syncs the state
+        if waiting and len(handler._state_holder.state.participants) >= handler.settings.max_nodes:
+            return 0  # a spare: it takes the next free place
+        return waiting
+
+    handler.num_nodes_waiting = num_nodes_waiting
+
+
+def round_number(handler) -> int | None:
+    """The round torch's c10d handler is in (0: the first; later: after a failure), or None for another handler."""
+    holder = getattr(handler, "_state_holder", None)
+    return None if holder is None else holder.state.round
