@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from nvrx_lab.health import UNHEALTHY
+from nvrx_lab.exit_codes import UNHEALTHY
 from nvrx_lab.health.gpu import gpu
 from nvrx_lab.health.mark import ANNOTATION, LABEL, TAINT
 from nvrx_lab.health.nic import nic

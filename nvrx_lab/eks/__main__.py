@@ -79,6 +79,10 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--image", required=True)
             s.add_argument("--mode", choices=list(MODES), default="ft_launcher")
             s.add_argument("--nodes", type=int, default=2)
+            s.add_argument("--spare-nodes", type=int, default=0, help="hot spare pods that wait in the rendezvous and take "
+                                                                       "a lost node's place (launcher modes)")
+            s.add_argument("--no-mark-nodes", dest="mark_unhealthy_nodes", action="store_false",
+                           help="no RBAC to label and taint a node whose health check fails")
             s.add_argument("--workload", choices=("auto", "job", "jobset"), default="auto",
                            help="an Indexed Job or a JobSet (default auto: a JobSet from 4 nodes up)")
             s.add_argument("--instance-type", default="p5.48xlarge")
@@ -107,7 +111,7 @@ def _parser() -> argparse.ArgumentParser:
 def _job(args: argparse.Namespace) -> JobSpec:
     """The JobSpec of ``submit``'s and ``preflight``'s flags."""
     return JobSpec(name=args.name, image=args.image, nodes=args.nodes, mode=args.mode, namespace=args.namespace,
-                   workload=args.workload,
+                   workload=args.workload, spare_nodes=args.spare_nodes, mark_unhealthy_nodes=args.mark_unhealthy_nodes,
                    instance_type=args.instance_type, model=args.model, data=args.data, steps=args.steps,
                    ckpt_interval=args.ckpt_interval, faults=args.faults, fsx_claim=args.fsx_claim,
                    queue_name=args.queue_name, fsx_volume_handle=args.fsx_volume_handle, fsx_dns_name=args.fsx_dns_name,

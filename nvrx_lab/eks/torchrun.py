@@ -21,8 +21,7 @@ import sys
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import main as torchrun_main
 
-USAGE_ERROR = 2
-"""argparse's exit code for bad flags, and the trainer's for a configuration no attempt could train."""
+from nvrx_lab.exit_codes import USAGE_ERROR
 
 
 def usage_errors(err: ChildFailedError) -> list[int]:

@@ -11,16 +11,13 @@ second, at what the node itself can tell:
 
 A check that cannot run here (no NVML, no RDMA devices) says so: its verdict is ``skipped`` with the reason, never a
 silent pass. ``python -m nvrx_lab.health`` runs them; the launcher runs them before each rendezvous round
-(``LauncherConfig.health_checks``) and a node that fails one leaves with exit :data:`UNHEALTHY` and one line naming
-the check.
+(``LauncherConfig.health_checks``) and a node that fails one leaves with exit 5
+(:data:`~nvrx_lab.exit_codes.UNHEALTHY`) and one line naming the check.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-UNHEALTHY = 5
-"""The launcher's exit status when this node failed a health check: it leaves the rendezvous, its workers unstarted."""
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from nvrx_lab.health import UNHEALTHY
+from nvrx_lab.exit_codes import UNHEALTHY
 from nvrx_lab.health.checks import HealthSettings, run_all
 from nvrx_lab.health.nic import SYSFS
 

@@ -1,6 +1,6 @@
 """Mark a node that failed a health check on Kubernetes, so no pod of the job lands on it again.
 
-A launcher that fails its checks exits 5 (:data:`~nvrx_lab.health.UNHEALTHY`) and the Job controller replaces the
+A launcher that fails its checks exits 5 (:data:`~nvrx_lab.exit_codes.UNHEALTHY`) and the Job controller replaces the
 pod; without a mark the scheduler may well put the replacement back on the same node (it still has free GPUs), and
 the job loses another round to the same bad GPU or EFA port. Before it exits, the launcher marks its node through
 the API (the pod's service account; RBAC rendered by :mod:`nvrx_lab.eks.rbac`):

@@ -23,6 +23,7 @@ from .call_wrapper import CallWrapper, ConfigError
 from .compose import Compose
 from .health_check import CudaHealthCheck, FaultCounter, HealthCheck, HealthCheckError, default_health_check
 from .interrupt import RankShouldRestart
+from .progress import NoProgress, ProgressCount
 from .rank_assignment import FillGaps, RankAssignment, ShiftRanks
 from .restart_log import RestartLimitError, RestartRecord
 from .state import State
@@ -30,6 +31,7 @@ from .wrap import Wrapper
 
 __all__ = [
     "Wrapper", "CallWrapper", "ConfigError", "State", "RankShouldRestart", "RestartLimitError", "RestartRecord",
+    "NoProgress", "ProgressCount",
     "Abort", "AbortTorchDistributed", "AbortCallback", "Compose",
     "HealthCheck", "CudaHealthCheck", "FaultCounter", "HealthCheckError", "default_health_check",
     "RankAssignment", "ShiftRanks", "FillGaps",

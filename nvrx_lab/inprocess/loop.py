@@ -33,6 +33,7 @@ from .health_check import HealthCheckError
 from .interrupt import MainThreadInterrupter, RankShouldRestart, SocketTracker
 from .launch import Launch
 from .monitor import MonitorThread
+from .progress import NoProgress
 from .restart_log import RestartLimitError, RestartRecord, root_cause
 from .state import State
 from .store import RestartStore, connect, connect_reporting
@@ -181,7 +182,7 @@ class RestartLoop:
         except RankShouldRestart as e:
             teardown.detach_exception(e)
             return "fault", None, None, time.time(), dict(cw.records)
-        except ConfigError:
+        except (ConfigError, NoProgress):
             raise  # the same on every attempt: no restart mends it
         except Exception as e:
             t = time.time()

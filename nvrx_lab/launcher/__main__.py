@@ -19,9 +19,8 @@ import tempfile
 import uuid
 from typing import TYPE_CHECKING
 
-from nvrx_lab.health import UNHEALTHY
+from nvrx_lab.exit_codes import NO_PROGRESS, RENDEZVOUS_CLOSED, UNHEALTHY
 from nvrx_lab.launcher.cli import ConfigError, parse, trace_dump_prefix
-from nvrx_lab.launcher.progress import NO_PROGRESS
 from nvrx_lab.launcher.rejoin import store_lost, wait_for_store
 
 if TYPE_CHECKING:
@@ -199,9 +198,8 @@ def _rejoin(error: BaseException, params: RendezvousParameters, restart_log: Res
     return True
 
 
-RENDEZVOUS_CLOSED = 3
-"""The exit status of a launcher whose rendezvous another node closed before this one finished: not a success (on
-Kubernetes an index that exits 0 is Succeeded for good), not a usage error (2)."""
+# RENDEZVOUS_CLOSED (3): a launcher whose rendezvous another node closed before this one finished: not a success (on
+# Kubernetes an index that exits 0 is Succeeded for good), not a usage error (2).
 
 
 def exit_status(result, agent, restart_log, max_restarts: int) -> int:

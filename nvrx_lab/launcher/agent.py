@@ -24,7 +24,7 @@ What it changes, and why:
   (``RANK``, ``MASTER_ADDR``, ...); the agent adds, per worker, where its rank monitor listens and, after
   a restart, the failure it was for (:meth:`HeartbeatAgent._set_local_rank_env`), without writing them
   into the launcher's own environment.
-* **No restart for a usage error.** A worker that exits 2 (:data:`~nvrx_lab.launcher.policy.USAGE_ERROR`,
+* **No restart for a usage error.** A worker that exits 2 (:data:`~nvrx_lab.exit_codes.USAGE_ERROR`,
   argparse's code for a bad flag) would fail the same way on every attempt: the group is stopped at
   once and the launcher exits 2.
 """
@@ -43,9 +43,10 @@ from torch.distributed import TCPStore
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
+from nvrx_lab.exit_codes import USAGE_ERROR
 from nvrx_lab.flight_recorder import request_dumps
 from nvrx_lab.launcher.monitor import LAST_FAILURE_ENV, MonitorServer
-from nvrx_lab.launcher.policy import TOLERATES_ENV, USAGE_ERROR, RestartPolicy, any_failed, tolerated_losses
+from nvrx_lab.launcher.policy import TOLERATES_ENV, RestartPolicy, any_failed, tolerated_losses
 from nvrx_lab.launcher.progress import ProgressTracker
 from nvrx_lab.launcher.restart_log import Failure, RestartLog, describe_exit
 from nvrx_lab.launcher.rounds import republish_bootstrap, round_number, wait_only_with_room

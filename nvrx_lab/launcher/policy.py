@@ -9,7 +9,7 @@ A policy is a small callable ``policy(healthy, total) -> bool`` (True: stop ever
   group only when fewer than ``min_workers`` local workers remain. Exceptions never reach the
   launcher: the in-process wrapper handles them inside the process.
 
-Whatever the policy, a worker that exits with :data:`USAGE_ERROR` stops the job at once: a bad flag
+Whatever the policy, a worker that exits with :data:`~nvrx_lab.exit_codes.USAGE_ERROR` (2) stops the job at once: a bad flag
 fails the same way on every attempt, so restarting would only repeat the error message.
 """
 
@@ -25,8 +25,6 @@ TOLERATES_ENV = "NVRX_LAB_LAUNCHER_TOLERATES"
 group (``any-failed``: 0). In-process restart keeps at least ``world_size - tolerated`` ranks: a smaller world
 would be trained only for the launcher to restart the group and throw it away."""
 
-USAGE_ERROR = 2
-"""Exit code of a usage error (argparse's, and ``nvrx_lab.train``'s on bad flags): never restarted."""
 
 
 def any_failed(healthy: int, total: int) -> bool:

@@ -15,8 +15,7 @@ from __future__ import annotations
 import json
 import os
 
-NO_PROGRESS = 4
-"""The launcher's exit status after ``max_no_progress_cycles`` restarts without a new committed checkpoint."""
+from nvrx_lab.exit_codes import NO_PROGRESS
 
 
 class ProgressTracker:

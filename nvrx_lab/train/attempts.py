@@ -50,8 +50,8 @@ class AttemptHooks(Hooks):
     """The in-process wrapper's side: checkpoint I/O is atomic (a restart waits for it to end), every
     move of the attempt is progress (the soft timeout counts from the last), a reload is recorded."""
 
-    def __init__(self, call_wrapper):
-        self.cw = call_wrapper
+    def __init__(self, call_wrapper, count):
+        self.cw, self.count = call_wrapper, count
 
     def section(self, name: str):
         return self.cw.atomic()
@@ -61,6 +61,17 @@ class AttemptHooks(Hooks):
 
     def on_resume(self, load_s: float) -> None:
         self.cw.record("reload_s", load_s)
+
+    def resumed(self, step: int) -> None:
+        """Every rank resumed from the same ``step`` (:class:`~nvrx_lab.inprocess.progress.ProgressCount`): all stop
+        together, after a barrier, or none does."""
+        from nvrx_lab.inprocess import NoProgress
+
+        try:
+            self.count.resumed(step, restart=self.cw.iteration > 0)
+        except NoProgress:
+            dist.barrier()  # every rank has decided before any leaves (rank 0's process hosts the store)
+            raise
 
 
 def recovering(cw) -> Recovering | None:
@@ -92,10 +103,11 @@ def run_inprocess(cfg: TrainConfig, launch: LaunchEnv, events: EventLog, hooks: 
     devices (``cpu:gloo,cuda:nccl``), so the abort reaches the CPU-side collectives as well. The
     checkpointer outlives attempts: one writer process, rebound to each new group. The layers' health checks
     are hooks (a persistent straggler's); a poisoned CUDA context's comes with the wrapper's default."""
-    from nvrx_lab.inprocess import CallWrapper, Compose, Wrapper, default_health_check
+    from nvrx_lab.inprocess import CallWrapper, Compose, ProgressCount, Wrapper, default_health_check
 
     device = pick_device(cfg.device, launch.local_rank)
     persistent: dict = {}
+    count = ProgressCount(cfg.restart.max_no_progress_cycles)  # across this process's attempts
     checks = [c for c in (default_health_check(device), hooks.health_check) if c is not None]
     r = cfg.restart
 
@@ -116,7 +128,7 @@ def run_inprocess(cfg: TrainConfig, launch: LaunchEnv, events: EventLog, hooks: 
         elif persistent["ckpt"] is not None:
             persistent["ckpt"].rebind(ctx.cpu_group)
         hooks.start(now)
-        summary = body(now, persistent["ckpt"], ComposeHooks(AttemptHooks(cw), hooks))  # atomic outermost
+        summary = body(now, persistent["ckpt"], ComposeHooks(AttemptHooks(cw, count), hooks))  # atomic outermost
         cw.ping()
         return summary
 

@@ -48,12 +48,17 @@ class RestartConfig(Settings):
     """In-process restart: restarts allowed before the job gives up."""
     min_world_size: int = 1
     """In-process restart: fewest ranks to go on with after a rank is lost."""
+    max_no_progress_cycles: int = 3
+    """In-process restart: restarts in a row that resume from no newer checkpoint before the job stops with exit 4
+    instead of restarting again (the launcher's setting of this name; 0: never)."""
 
     def __post_init__(self):
         if not 0 < self.soft_timeout <= self.hard_timeout:
             raise ValueError(f"need 0 < --soft-timeout ({self.soft_timeout}) <= --hard-timeout ({self.hard_timeout})")
         if self.max_iterations < 1 or self.min_world_size < 1:
             raise ValueError("--max-iterations and --min-world-size must be >= 1")
+        if self.max_no_progress_cycles < 0:
+            raise ValueError(f"--max-no-progress-cycles must be >= 0 (0: never stop), got {self.max_no_progress_cycles}")
 
     @property
     def inprocess(self) -> bool:

@@ -17,6 +17,7 @@ The moments, in the order an attempt meets them::
                                  local snapshot), "checkpoint_finalize"
     during(phase, step)          inside that I/O: "load" once read, "save" once handed over
     on_resume(load_s)            a checkpoint was loaded
+    resumed(step)                the attempt starts at this step (0: nothing committed), checkpoints on
     before_step(step)            ...the step runs...   after_step(step), then its save if one is due
     after_save()                 a save was handed over
     health_check(state)          an in-process restart is under way: raise to make this rank leave the job
@@ -89,6 +90,7 @@ class Hooks:
     def during(self, phase: str, step: int) -> None: ...
     def after_save(self) -> None: ...
     def on_resume(self, load_s: float) -> None: ...
+    def resumed(self, step: int) -> None: ...
     def close(self) -> None: ...
 
     def health_check(self, state: Any) -> Any:
@@ -127,6 +129,7 @@ class ComposeHooks(Hooks):
     def during(self, phase: str, step: int) -> None: self._each("during", phase, step)
     def after_save(self) -> None: self._each("after_save")
     def on_resume(self, load_s: float) -> None: self._each("on_resume", load_s)
+    def resumed(self, step: int) -> None: self._each("resumed", step)
 
     def close(self) -> None:
         with contextlib.ExitStack() as stack:  # unwinds in reverse, each callback runs, the first error wins

@@ -39,6 +39,8 @@ def train(cfg: TrainConfig, attempt: Attempt, checkpointer: Checkpointer | None 
     state = TrainState(model, optimizer, data, hooks)
     hooks.progress()
     restored = resume(state, checkpointer, attempt, hooks) if checkpointer is not None else None
+    if checkpointer is not None:
+        hooks.resumed(state.step)  # the in-process no-progress count (nvrx_lab.inprocess.progress)
     start = starting(cfg, attempt, restored)
     if start is not None and (line := start.before_training()):
         print(f"{PREFIX} {line}", flush=True)
