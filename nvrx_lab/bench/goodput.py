@@ -54,6 +54,13 @@ def train_worker(args, workdir: Path, mode: str, metrics: Path, faults: str) -> 
                    local_ckpt_interval=args.local_ckpt_interval if mode.endswith("+local") else 0)
 
 
+def root_cause(output: str) -> list[str]:
+    """torchrun's ``Root Cause (first observed failure)`` lines in a job's output (rank, exit code, signal), if any."""
+    lines = output.splitlines()
+    at = next((i for i, x in enumerate(lines) if "Root Cause (first observed failure)" in x), None)
+    return [] if at is None else [x.strip() for x in lines[at + 1:at + 9] if x.strip() and not x.startswith("=")]
+
+
 def restart_of(mode: str) -> str:
     """The trainer's ``--restart`` for a mode (``baseline``: none, Kubernetes restarts the pod)."""
     mode = mode.removesuffix("+local")
@@ -81,7 +88,9 @@ def run_mode(args, mode: str, faults: str, workdir: Path, label: str | None = No
         """Run the job once: its result once it is over (exit 0, or a failure nobody starts again), else None."""
         nonlocal restarts, res
         res = run(launch_head(args, mode, free_port_pair()).argv(train_worker(args, workdir, mode, metrics, faults)),
-                  timeout=args.timeout, env={"NVRX_LAB_METRICS": str(metrics)})  # the launcher's events join the stream
+                  timeout=args.timeout, env={"NVRX_LAB_METRICS": str(metrics),  # the launcher's events join the stream
+                                             # flight-recorder dumps (a hang's, an in-process abort's) beside it
+                                             "TORCH_FR_DUMP_TEMP_FILE": str((workdir / "nccl-trace").absolute() / "rank_")})
         for line in (x for x in res.output.splitlines() if x.startswith("[nvrx_lab.runner]")):
             print(f"[{label}] {line}", file=sys.stderr, flush=True)  # a helper that outlived the job, killed
         if res.returncode == 0:
@@ -96,7 +105,7 @@ def run_mode(args, mode: str, faults: str, workdir: Path, label: str | None = No
         """The pause before the pod starts again (pod restart + CrashLoopBackOff), in the event stream."""
         delay = crashloop_delay(restarts, args.pod_restart_s, args.time_scale)
         log.emit("pod_restart", reason=f"job exited {res.returncode}; pod restart + CrashLoopBackOff", delay_s=delay,
-                 restart_count=restarts)
+                 restart_count=restarts, job_log=root_cause(res.output))  # what the pod's log says (observe.attribute)
         return delay
 
     res = wait_for(over, float("inf"), f"the {label} job to end", interval=back_off)  # each run bounded by --timeout

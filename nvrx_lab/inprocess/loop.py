@@ -49,6 +49,7 @@ class RestartLoop:
         self.proc = self.progress = self.monitor = self.store = self.watch = None
         self._froze = False
         self._emitted: set[int] = set()
+        self.stopped: NoProgress | None = None
 
     # -- entry ---------------------------------------------------------------------------------
     def run(self, args, kwargs):
@@ -93,6 +94,8 @@ class RestartLoop:
                 self._emit(pending, records)  # the attempt ended before its first ping
             if outcome == "ok":
                 self._finish(iteration)
+                if self.stopped is not None:
+                    raise self.stopped
                 return value
             t0 = time.monotonic()
             self.monitor.disarm()
@@ -167,7 +170,10 @@ class RestartLoop:
                 if state.rank is None:
                     value = self._await(end, "the attempt to end (spare)", on_poll=cw.ping)
                 else:
-                    value = self.fn(cw, *args, **kwargs)
+                    try:
+                        value = self.fn(cw, *args, **kwargs)
+                    except NoProgress as e:  # every rank at once: the attempt ends as a finished one, then it is raised
+                        value, self.stopped = None, e
             finally:
                 self.interrupter.armed = False
             if state.rank is not None:
@@ -182,7 +188,7 @@ class RestartLoop:
         except RankShouldRestart as e:
             teardown.detach_exception(e)
             return "fault", None, None, time.time(), dict(cw.records)
-        except (ConfigError, NoProgress):
+        except ConfigError:
             raise  # the same on every attempt: no restart mends it
         except Exception as e:
             t = time.time()

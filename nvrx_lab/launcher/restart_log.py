@@ -8,7 +8,9 @@ People read (stderr)::
 Programs read the run's event stream (:mod:`nvrx_lab.observe.events`, the file the launcher's command
 line names: ``--metrics-file``, else ``$NVRX_LAB_METRICS``): ``launcher_failure`` (rank, local_rank,
 reason, exit_code, signal, detect_s, restart_count, max_restarts, action), ``launcher_restart``
-(respawn_s: detection -> new workers started) and ``launcher_ready`` (ready_s: detection -> every local rank's first heartbeat).
+(respawn_s: detection -> new workers started) and ``launcher_ready`` (ready_s: detection -> every local rank's first heartbeat);
+``launcher_failure`` and ``health`` carry this node's ``host``, and a ``RENDEZVOUS`` line (the store's node lost, a
+rejoin) is a ``launcher_rendezvous`` event too (``line``): what :mod:`nvrx_lab.observe.attribute` reads.
 ``detect_s`` is the time from the fault's evidence to the launcher acting: the closed monitor socket
 of a dead worker, or the last heartbeat of a hung one.
 """
@@ -16,6 +18,7 @@ of a dead worker, or the last heartbeat of a hung one.
 from __future__ import annotations
 
 import signal as _signal
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -71,11 +74,14 @@ class RestartLog:
         self.lines: list[str] = []
         self._detected_at: float | None = None
         self._restart = 0
+        self.host = socket.gethostname()
 
     def say(self, text: str) -> None:
         line = f"[nvrx-lab-launch] {text}"
         self.lines.append(line)
         print(line, file=self.stream, flush=True)
+        if text.startswith("RENDEZVOUS"):  # the store's node gone, or back: no other event says so
+            self.events.emit("launcher_rendezvous", rank=-1, host=self.host, line=text)
 
     def failure(self, failures: list[Failure], restart: int | None, action: str | None = None) -> None:
         """Report lost workers; ``restart`` is the number of the restart about to happen (None: none left)."""
@@ -97,7 +103,7 @@ class RestartLog:
         for f in failures:
             self.events.emit("launcher_failure", rank=f.rank, local_rank=f.local_rank, reason=f.reason,
                              detail=f.detail, exit_code=f.exit_code, signal=f.signal, detect_s=f.detect_s,
-                             restart_count=restart, max_restarts=self.max_restarts, action=action)
+                             restart_count=restart, max_restarts=self.max_restarts, action=action, host=self.host)
 
     def trace_dumps(self, replies: dict[int, dict], prefix: str | None) -> None:
         """The flight-recorder dumps taken on a hang (``{global rank: reply}``), in one line and one event each."""
@@ -116,7 +122,7 @@ class RestartLog:
         """This node's health verdicts: one line (each failure on its own), one event each; raises
         :class:`NodeUnhealthy` when one failed."""
         for v in verdicts:
-            self.events.emit("health", rank=-1, check=v.check, status=v.status, evidence=v.evidence)
+            self.events.emit("health", rank=-1, check=v.check, status=v.status, evidence=v.evidence, host=self.host)
         bad = [v for v in verdicts if v.failed]
         self.say("health: " + ", ".join(f"{v.check} {v.status}" for v in verdicts))  # the evidence: the events
         for v in bad:

@@ -63,15 +63,9 @@ class AttemptHooks(Hooks):
         self.cw.record("reload_s", load_s)
 
     def resumed(self, step: int) -> None:
-        """Every rank resumed from the same ``step`` (:class:`~nvrx_lab.inprocess.progress.ProgressCount`): all stop
-        together, after a barrier, or none does."""
-        from nvrx_lab.inprocess import NoProgress
-
-        try:
-            self.count.resumed(step, restart=self.cw.iteration > 0)
-        except NoProgress:
-            dist.barrier()  # every rank has decided before any leaves (rank 0's process hosts the store)
-            raise
+        """Every rank resumed from the same ``step``, so every rank stops together or none does
+        (:class:`~nvrx_lab.inprocess.progress.ProgressCount`; the wrapper ends the attempt as a finished one)."""
+        self.count.resumed(step, restart=self.cw.iteration > 0)
 
 
 def recovering(cw) -> Recovering | None:
@@ -103,7 +97,7 @@ def run_inprocess(cfg: TrainConfig, launch: LaunchEnv, events: EventLog, hooks: 
     devices (``cpu:gloo,cuda:nccl``), so the abort reaches the CPU-side collectives as well. The
     checkpointer outlives attempts: one writer process, rebound to each new group. The layers' health checks
     are hooks (a persistent straggler's); a poisoned CUDA context's comes with the wrapper's default."""
-    from nvrx_lab.inprocess import CallWrapper, Compose, ProgressCount, Wrapper, default_health_check
+    from nvrx_lab.inprocess import CallWrapper, Compose, NoProgress, ProgressCount, Wrapper, default_health_check
 
     device = pick_device(cfg.device, launch.local_rank)
     persistent: dict = {}
@@ -137,6 +131,9 @@ def run_inprocess(cfg: TrainConfig, launch: LaunchEnv, events: EventLog, hooks: 
         summary = attempt()
         clean = True
         return summary
+    except NoProgress:
+        clean = True  # every rank stopped together, its group drained: closed as after a finished run
+        raise
     finally:
         hooks.close()
         if (ckpt := persistent.pop("ckpt", None)) is not None:

@@ -23,6 +23,7 @@ import importlib
 import json
 import os
 import resource
+import socket
 import sys
 
 import torch
@@ -30,11 +31,38 @@ import torch
 from nvrx_lab.checkpoint import CheckpointError
 from nvrx_lab.cli import parse_dataclass
 from nvrx_lab.dist import LaunchEnv, deterministic, export_env, peer_lost
+from nvrx_lab.exit_codes import NO_PROGRESS
+from nvrx_lab.inprocess.progress import NoProgress
 from nvrx_lab.observe.events import EventLog, last_launch, read_events
 from nvrx_lab.observe.goodput import analyze, json_safe
 from nvrx_lab.train import attempts, layers, runs
 from nvrx_lab.train.config import TrainConfig
 from nvrx_lab.train.loop import train
+
+
+def crash_fields(error: BaseException) -> dict:
+    """The ``crash`` event of an exception that ends this process: its type, message (300 characters), the step the
+    attempt was at (from the traceback's :func:`~nvrx_lab.train.loop.train` frame; ``None`` outside it), and whether it
+    is a peer's fault seen from here (a collective broken by a lost peer) rather than this rank's own."""
+    step, tb = None, error.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is train.__code__:
+            step = tb.tb_frame.f_locals.get("step")
+        tb = tb.tb_next
+    return {"error": type(error).__name__, "message": str(error)[:300], "step": step,
+            "peer_lost": peer_lost(error) is not None}
+
+
+def logged(run, cfg: TrainConfig, launch: LaunchEnv, events: EventLog, hooks, body) -> dict:
+    """``run(...)``'s summary; an exception that leaves the training is a ``crash`` event first, then raised as before
+    (a no-progress stop is a decision, not a fault: no event)."""
+    try:
+        return run(cfg, launch, events, hooks, body)
+    except NoProgress:
+        raise
+    except Exception as e:
+        events.emit("crash", **crash_fields(e))
+        raise
 
 
 def configure_threads(cfg: TrainConfig, launch: LaunchEnv) -> None:
@@ -74,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     importlib.import_module("torch._dynamo")
     events = EventLog(cfg.metrics or None, rank=rank)
     events.emit("start", world_size=launch.world_size, restart_count=launch.restart_count, new_run=new_run,
-                pid=os.getpid(), ckpt=cfg.checkpoint.mode)  # the launcher's no-progress stop counts only where it is on
+                pid=os.getpid(), ckpt=cfg.checkpoint.mode,  # the launcher's no-progress stop counts only where it is on
+                node=launch.node, host=socket.gethostname())  # where each rank runs (nvrx_lab.observe.attribute)
     hooks = layers.make_hooks(cfg, rank, events)
     run = attempts.run_inprocess if cfg.restart.inprocess else attempts.run_plain
     body = lambda attempt, ckpt, h: train(cfg, attempt, ckpt, h)  # noqa: E731
@@ -83,7 +112,10 @@ def main(argv: list[str] | None = None) -> int:
 
         body = lambda attempt, ckpt, h: train_replica(cfg, attempt, ckpt)  # noqa: E731
     try:
-        summary = run(cfg, launch, events, hooks, body)
+        summary = logged(run, cfg, launch, events, hooks, body)
+    except NoProgress as e:  # in-process restarts that resumed from the same step: every rank, the same line
+        print(f"[rank {rank}] {e}", file=sys.stderr, flush=True)
+        return NO_PROGRESS
     except CheckpointError as e:  # e.g. another model's checkpoint: no restart mends it
         print(f"[rank {rank}] error: {e}", file=sys.stderr, flush=True)
         return 1
