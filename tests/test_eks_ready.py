@@ -35,8 +35,8 @@ def _launcher_argv(script: str, index: int, workdir: Path) -> list[str]:
     (workdir / "python").write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
     (workdir / "python").chmod(0o755)
     env = {"PATH": f"{workdir}:{os.environ['PATH']}", "JOB_COMPLETION_INDEX": str(index), "NNODES": "12",
-           "NODE_NAME": f"ip-10-0-0-{index}", "NPROC_PER_NODE": "8", "RANK0_HOST": "llama-ft-0.llama-ft",
-           "RDZV_PORT": "29400", "MASTER_PORT": "29500",
+           "NODE_NAME": f"ip-10-0-0-{index}", "POD_IP": f"10.0.0.{index}", "NPROC_PER_NODE": "8",
+           "RANK0_HOST": "llama-ft-0.llama-ft", "RDZV_PORT": "29400", "MASTER_PORT": "29500",
            "RUN_DIR": str(workdir / "run"), "LAUNCHER_CONFIG": "/etc/nvrx_lab/launcher.yaml"}
     out = subprocess.run(["/bin/bash", "-c", script], env=env, capture_output=True, text=True, timeout=30, check=True)
     return out.stdout.splitlines()
@@ -54,6 +54,7 @@ def test_node_rank_is_the_completion_index_with_12_nodes(mode, tmp_path):
         return
     addrs = {i: next(a.split("=", 1)[1] for a in argv if a.startswith("--local-addr=")) for i, argv in argvs.items()}
     assert addrs[0] == "llama-ft-0.llama-ft"  # index 0 hosts the stores: its address must resolve
+    assert addrs[3] == "llama-ft-0.llama-ft/node-00003@10.0.0.3"  # a sort key, then where its round store listens
     participants = sorted(_NodeDesc(addr, pid=1000 - i, local_id=0) for i, addr in addrs.items())  # as c10d assigns ranks
     assert [addrs_index for d in participants for addrs_index, a in addrs.items() if a == d.addr] == list(range(12))
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import re
 import shlex
 import sys
@@ -37,16 +38,18 @@ from pathlib import Path
 
 import psutil
 
+from nvrx_lab.bench import _offender as offender
 from nvrx_lab.bench._procs import TAG_VAR, leftovers, new_tag
 from nvrx_lab.cli import Parser
 from nvrx_lab.eks import JobSpec, LocalRun, render
 from nvrx_lab.eks.local import LocalJob, LocalOptions
 from nvrx_lab.eks.render import find
+from nvrx_lab.exit_codes import UNHEALTHY
 from nvrx_lab.net import wait_for
 from nvrx_lab.observe.events import read_events
 from nvrx_lab.observe.table import median, p95, report
 
-KINDS = ("hang", "sigkill", "node-loss", "node-loss+spare")
+KINDS = ("hang", "sigkill", "node-loss", "node-loss+spare", *offender.KINDS)
 SPARE_AFTER_S = 3.0
 """``node-loss+spare``: the spare pod starts this long after the others, so the first round is full without it."""
 MODES = {"launcher": "ft_launcher", "launcher+inprocess": "ft_launcher+inprocess"}
@@ -68,14 +71,17 @@ def job_spec(restart: str, kind: str, a, name: str, memory: Path) -> JobSpec:
     """The Job of one run: ``a.faults`` faults of ``kind`` on node ``a.node``, ``a.gap`` steps apart; with local
     checkpoints, node I keeps them in ``memory/node-I`` (its ``/dev/shm``: nodes on one box share the real one)."""
     rank = a.node * a.nproc + (1 if kind == "sigkill" else 0)
-    faults = ",".join(f"{rank}:{s}:{kind}" for s in fault_steps(a)) if not kind.startswith("node-loss") else ""
+    faults = ",".join(f"{rank}:{s}:{kind}" for s in fault_steps(a)) if kind in ("hang", "sigkill") else ""
     local = ("--local-ckpt-dir", str(memory / "node-{node}")) if a.local_ckpt_interval else ()
-    return JobSpec(name=name, image="local", nodes=a.nodes, spare_nodes=int(kind == "node-loss+spare"), mode=MODES[restart],
-                   workload="job", steps=fault_steps(a)[-1] + a.gap,
+    spec = JobSpec(name=name, image="local", nodes=a.nodes, spare_nodes=int(kind.endswith(("+spare", "+checks"))),
+                   mode=MODES[restart], workload="job", steps=fault_steps(a)[-1] + a.gap, mark_unhealthy_nodes=False,
                    ckpt_interval=a.ckpt_interval, faults=faults, train_extra=(*TINY, *local), max_restarts=3 * a.faults + 3,
                    heartbeat_timeout=a.heartbeat_timeout, initial_heartbeat_timeout=60, monitor_interval=0.2,
                    section_timeouts={"checkpoint": 30}, local_ckpt_interval=a.local_ckpt_interval,
                    local_ckpt_gib=1 if a.local_ckpt_interval else 0)
+    if kind == "repeat":  # the bad node rejoins every round: nothing looks at it first
+        return dataclasses.replace(spec, launcher=dataclasses.replace(spec.launcher, health_checks=False))
+    return spec
 
 
 def with_rdzv_conf(manifests: list[dict], conf: str) -> list[dict]:
@@ -166,16 +172,19 @@ def run_job(restart: str, kind: str, a, workdir: Path) -> dict:
     manifests = render(job_spec(restart, kind, a, name, memory))
     manifests = with_rdzv_conf(manifests, a.rdzv_conf) if a.rdzv_conf else manifests
     tag = new_tag("nodes")
-    spare = kind == "node-loss+spare"
+    spare = kind.endswith(("+spare", "+checks"))
     options = LocalOptions(workdir=workdir, max_procs_per_node=a.nproc, extra_env={TAG_VAR: tag}, max_nodes=a.nodes + spare,
-                           replace_after_s=a.replace_after, start_after_s={a.nodes: SPARE_AFTER_S} if spare else {})
-    t0, error = time.monotonic(), None
+                           replace_after_s=a.replace_after, start_after_s={a.nodes: SPARE_AFTER_S} if spare else {},
+                           pod_env=offender.node_trees(workdir, a.nodes + spare))
+    t0, error, kills = time.monotonic(), None, []
     deadline = t0 + a.job_timeout
     with LocalJob(manifests, options) as job:
         events = job.run.local_path(f"/fsx/{name}/metrics.jsonl")
         try:
             if kind.startswith("node-loss"):
                 strike(job, events, a, memory, deadline)
+            if kind in offender.KINDS:
+                kills = offender.strike(job, events, a, kind, lambda: over(job) or time.monotonic() > deadline)
             wait_for(lambda: over(job), deadline - time.monotonic(), "every pod to exit 0", interval=0.1)
         except JobFailed as e:
             error = str(e)
@@ -186,13 +195,15 @@ def run_job(restart: str, kind: str, a, workdir: Path) -> dict:
     left = leftovers(tag)
     ev = read_events(events) if events.exists() else []
     lost = [e.t for e in job.run.events if e.kind == "node-lost"]
-    faults = lost if kind.startswith("node-loss") else [e["t"] for e in ev if e["kind"] == "fault"]
+    faults = lost if kind.startswith("node-loss") else kills if kind in offender.KINDS else \
+        [e["t"] for e in ev if e["kind"] == "fault"]
     resumed = [e for e in ev if e["kind"] == "resume" and faults and e["t"] > min(faults)]
     return {"recovery": recoveries(ev, faults), "injected": len(faults), "pod_failures": job.run.failures,
             "sources": [e.get("source") for e in resumed], "rollback": [e.get("rollback_steps") for e in resumed],
             "detect": [e["detect_s"] for e in ev if e["kind"] == "launcher_failure" and e.get("detect_s")],
             "respawn": [e["respawn_s"] for e in ev if e["kind"] == "launcher_restart" and e.get("respawn_s")],
-            "left": left, "error": error, "restart_log": lines, "wall_s": time.monotonic() - t0, "events": events}
+            "left": left, "error": error, "restart_log": lines, "wall_s": time.monotonic() - t0, "events": events,
+            "goodput": offender.goodput(ev), "unhealthy_exits": job.run.pods[a.node].returncodes.count(UNHEALTHY)}
 
 
 def sources(resumed: list[str | None]) -> str:
@@ -214,6 +225,7 @@ def run_row(restart: str, kind: str, a, tmp: Path) -> dict:
            "job": "ok" if not any(job["error"] for job in jobs) else "FAILED",
            "left_running": sum(len(job["left"]) for job in jobs), "wall_s": sum(job["wall_s"] for job in jobs),
            "resumed_from": sources([s for job in jobs for s in job["sources"]]),
+           "goodput": median([job["goodput"] for job in jobs]), "unhealthy_exits": sum(job["unhealthy_exits"] for job in jobs),
            "max_rollback": max((r for job in jobs for r in job["rollback"] if r is not None), default=None),
            "restart_log": [job["restart_log"] for job in jobs]}
     errors = [job["error"] for job in jobs if job["error"]] + [f"left running: {job['left']}" for job in jobs if job["left"]]
@@ -271,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
            extra={"nodes": a.nodes, "nproc_per_node": a.nproc, "faults_per_job": a.faults, "jobs_per_row": a.jobs,
                   "replace_after_s": a.replace_after},
            columns=["restart", "fault", "recovered", "median_s", "p95_s", "detect_s", "respawn_s", "pod_failures", "job",
-                    "left_running", "resumed_from", "max_rollback", "wall_s"])
+                    "left_running", "resumed_from", "goodput", "unhealthy_exits", "wall_s"])
     return 1 if any("error" in r for r in rows) else 0
 
 

@@ -255,11 +255,12 @@ def container_script(s: JobSpec) -> str:
     if m.uses_launcher:
         lines += ["# Completion index 0 hosts the rendezvous store; the others connect to it.",
                   "IS_RDZV_HOST=$(( JOB_COMPLETION_INDEX == 0 ? 1 : 0 ))",
-                  "# c10d numbers nodes in the string order of their addresses ('<job>-10' before '<job>-2'). Only",
-                  "# index 0's address is dialled (it hosts the stores); the others get a zero-padded key after it.",
+                  "# c10d numbers nodes in the string order of their addresses ('<job>-10' before '<job>-2'): the",
+                  "# others get a zero-padded key after index 0's, and after '@' the pod's IP, where its launcher's",
+                  "# round store listens when it is group rank 0 (index 0 waiting as a spare).",
                   'NODE_ADDR="${RANK0_HOST}"',
                   "(( JOB_COMPLETION_INDEX == 0 )) || "
-                  'NODE_ADDR=$(printf "%s/node-%05d" "${RANK0_HOST}" "${JOB_COMPLETION_INDEX}")']
+                  'NODE_ADDR=$(printf "%s/node-%05d@%s" "${RANK0_HOST}" "${JOB_COMPLETION_INDEX}" "${POD_IP}")']
     lines += flag_array("launcher_args", launcher_flags(s, head))
     lines += flag_array("trainer_args", trainer_flags(s))
     if worker.extra:

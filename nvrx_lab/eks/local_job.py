@@ -68,6 +68,9 @@ class LocalOptions:
     """Completion index -> seconds its first attempt starts after the others'."""
     grace_s: float = 5.0
     """A pod's time between SIGTERM and SIGKILL when the Job ends or a JobSet recreates it."""
+    pod_env: Mapping[int, Mapping[str, str]] = field(default_factory=dict)
+    """Completion index -> variables of that pod alone, over the manifest's: what differs between nodes (a node's own
+    ``$NVRX_LAB_HEALTH_SYSFS`` tree, as each EKS node has its own ``/sys``)."""
     replace_after_s: float = 0.0
     """Seconds before the pod that replaces one whose node was lost starts (on EKS: placed on another node, the
     image pulled or cached, the container started: tens of seconds to minutes); 0: at once."""
@@ -138,6 +141,8 @@ class LocalJob:
                              "render with fewer nodes for a local run")
         workdir = Path(o.workdir or tempfile.mkdtemp(prefix=f"local-{self.name}-"))
         self.run: LocalRun = plan(manifests, workdir, o.max_procs_per_node, o.secrets, o.extra_env, o.host_env, services)
+        for pod in self.run.pods:
+            pod.env.update(o.pod_env.get(pod.index, {}))
         self.logdir = workdir / "logs"
         self.logdir.mkdir(parents=True, exist_ok=True)
         self.backoff = 0 if self.jobset is not None else int(self.job["spec"].get("backoffLimit", 6))

@@ -143,6 +143,8 @@ def resources(s: JobSpec) -> dict:
 def container(s: JobSpec) -> dict:
     env = [{"name": "JOB_COMPLETION_INDEX",
             "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}}}]
+    if s.mode_info.uses_launcher and not s.mode_info.replicated:  # where this pod's round store listens (NODE_ADDR)
+        env.append({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
     if rbac.marks_nodes(s):  # the node a failed health check marks (nvrx_lab.health.mark)
         env.append({"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
     env += [{"name": k, "value": v} for k, v, _ in env_vars(s)]

@@ -94,6 +94,7 @@ def comments_for(spec: JobSpec) -> dict[str, str]:
     return coordinator | {name: why for name, _, why in env_vars(spec)} | {
         "JOB_COMPLETION_INDEX": "node rank, from the pod's completion-index annotation (downward API)",
         "NODE_NAME": "the node this pod runs on (downward API): the one a failed health check marks",
+        "POD_IP": "this pod's IP (downward API): where its launcher's round store listens when it is group rank 0",
         **{var: f"from Secret {ref} (never inline)" for var, ref in spec.secret_env.items()},
     }
 

@@ -63,6 +63,12 @@ agent names every worker that failed and judges a usage error on all of their ex
 every worker has exited or failed: the wait costs time only where a survivor stays up."""
 
 
+def reachable(addr: str) -> str:
+    """Where a node's round store listens: its ``--local-addr``, or the part after ``@`` of a sort key
+    (``<index 0's host>/node-00003@<pod IP>``, :mod:`nvrx_lab.eks.commands`)."""
+    return addr.rsplit("@", 1)[1] if "@" in addr else addr
+
+
 def _listen_with_successor(addr: str, tries: int = 50) -> tuple[socket.socket, socket.socket]:
     """The round store's listening socket on a port whose successor is free too, and a socket holding that successor.
     The in-process wrapper's store listens on ``MASTER_PORT + 1`` by default; a fresh port's successor was never
@@ -123,12 +129,13 @@ class HeartbeatAgent(LocalElasticAgent):
         if worker_group.group_rank == 0:
             if self._successor is not None:  # a round that started no workers
                 self._successor.close()
-            sock, self._successor = _listen_with_successor(worker_group.master_addr)
+            host = reachable(worker_group.master_addr)
+            sock, self._successor = _listen_with_successor(host)
             old, self._round_store = self._round_store, TCPStore(
-                host_name=worker_group.master_addr, port=sock.getsockname()[1], is_master=True,
+                host_name=host, port=sock.getsockname()[1], is_master=True,
                 wait_for_workers=False, master_listen_fd=sock.detach())
             del old  # closes the previous round's store (its workers are gone)
-            store.set(_STORE_KEY, f"{worker_group.master_addr}:{self._round_store.port}")
+            store.set(_STORE_KEY, f"{host}:{self._round_store.port}")
         addr, port = store.get(_STORE_KEY).decode().rsplit(":", 1)
         worker_group.master_addr, worker_group.master_port = addr, int(port)
 

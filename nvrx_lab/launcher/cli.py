@@ -30,6 +30,10 @@ from nvrx_lab.cli import Parser, add_dataclass_args, check_writable, dataclass_f
 from nvrx_lab.launcher.config import LauncherConfig, SettingError
 
 METRICS_ENV = "NVRX_LAB_METRICS"
+SYSFS_ENV = "NVRX_LAB_HEALTH_SYSFS"
+"""Where this node's RDMA devices are listed when ``--health-sysfs`` is not given: a node of a local run has its own
+fixture tree (:class:`~nvrx_lab.eks.local_job.LocalOptions` ``pod_env``), as each EKS node has its own ``/sys``."""
+HEALTH_SYSFS = "/sys/class/infiniband"
 """The event stream's file when ``--metrics-file`` is not given (the trainer's too)."""
 TORCHRUN_KEYS = {"nproc_per_node": "an integer", "nnodes": "'N' or 'MIN:MAX'", "rdzv_backend": "a rendezvous backend "
                  "name, e.g. c10d", "rdzv_endpoint": "host:port", "rdzv_id": "a job id"}
@@ -84,7 +88,8 @@ TRACE_ENV = "TORCH_FR_DUMP_TEMP_FILE"
 
 def parse(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> tuple[argparse.Namespace, LauncherConfig]:
     """torchrun's namespace plus our config; flags > YAML > defaults. ``environ``: the launcher's environment
-    (``$NVRX_LAB_METRICS``, the event file when ``--metrics-file`` is not given). Raises :class:`ConfigError`."""
+    (``$NVRX_LAB_METRICS``, the event file when ``--metrics-file`` is not given; ``$NVRX_LAB_HEALTH_SYSFS``). Raises
+    :class:`ConfigError`."""
     parser = get_parser()
     first, _ = parser.parse_known_args(argv)
     if first.config:
@@ -94,6 +99,8 @@ def parse(argv: list[str] | None = None, environ: Mapping[str, str] | None = Non
         config = dataclass_from_args(LauncherConfig, args)
     except SettingError as e:
         raise ConfigError(f"--{e.field.replace('_', '-')} {e.problem}") from None
+    if config.health_sysfs == HEALTH_SYSFS and (environ or {}).get(SYSFS_ENV):  # a node's own tree (local runs, tests)
+        config.health_sysfs = environ[SYSFS_ENV]
     flag = "--metrics-file"
     if config.metrics_file is None and (environ or {}).get(METRICS_ENV):
         config.metrics_file, flag = environ[METRICS_ENV], f"${METRICS_ENV}"

@@ -1,0 +1,95 @@
+"""A repeat offender for ``python -m nvrx_lab.bench nodes``: a node whose GPU fails again after every restart.
+
+The faults that cost a real job the most repeat: a node with a failing GPU kills its worker a few steps into every
+attempt, and without a health check it rejoins each round. Three kinds, one Job each, node ``--node`` the bad one:
+
+* ``once`` — its worker is killed once (an Xid: the process dies), and the node is healthy after: the single-fault
+  reference;
+* ``repeat`` — the same, again ``--gap`` steps into every attempt it trains in, health checks off: it rejoins each
+  round;
+* ``repeat+checks`` — the same node, health checks on and one hot spare: the fault also takes the node's RDMA port
+  down (its own sysfs tree, ``$NVRX_LAB_HEALTH_SYSFS``), its launcher leaves with exit 5 at the next round and the
+  spare takes its place; its replacement pod lands on a healthy node (on EKS: the marked node's taint and affinity),
+  so the bench stops striking once the bad pod has exited 5.
+
+The kill is the bench's, not the trainer's: a fault bound to a node, not to a rank (a spare takes over the rank).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+
+from nvrx_lab.eks.local import LocalJob
+from nvrx_lab.exit_codes import UNHEALTHY
+from nvrx_lab.net import wait_for
+from nvrx_lab.observe.events import read_events
+
+KINDS = ("once", "repeat", "repeat+checks")
+PORT = {True: ("4: ACTIVE", "5: LinkUp"), False: ("1: DOWN", "3: Disabled")}
+
+
+def port_tree(root: Path, up: bool) -> str:
+    """A node's ``/sys/class/infiniband``: one RDMA device, its port up or down."""
+    port = root / "rdmap0s0" / "ports" / "1"
+    port.mkdir(parents=True, exist_ok=True)
+    (port / "state").write_text(PORT[up][0] + "\n")
+    (port / "phys_state").write_text(PORT[up][1] + "\n")
+    return str(root)
+
+
+def node_trees(workdir: Path, pods: int) -> dict[int, dict[str, str]]:
+    """Each pod's own sysfs tree, every port up: ``LocalOptions.pod_env``."""
+    return {i: {"NVRX_LAB_HEALTH_SYSFS": port_tree(workdir / "sys" / f"node-{i}", True)} for i in range(pods)}
+
+
+def trainers_of(job: LocalJob, index: int, events: Path, since: float) -> list[int]:
+    """Pids of the trainers pod ``index`` runs that started after ``since`` (their ``start`` events)."""
+    pod = job.run.pods[index]
+    if pod.proc is None or pod.proc.poll() is not None or not events.exists():
+        return []
+    started = {e["pid"] for e in read_events(events, "start") if e["t"] > since and "pid" in e}
+    with contextlib.suppress(psutil.NoSuchProcess):
+        return sorted(started & {c.pid for c in psutil.Process(pod.proc.pid).children(recursive=True)})
+    return []
+
+
+def _steps(events: Path, since: float) -> list[int]:
+    return [e["step"] for e in read_events(events, "step") if e["rank"] == 0 and e["t"] > since] if events.exists() else []
+
+
+def strike(job: LocalJob, events: Path, a, kind: str, over) -> list[float]:
+    """Kill a worker of the bad node ``a.node`` at step ``a.first_step``, then (``repeat`` kinds) ``a.gap`` steps into
+    every attempt it trains in, until the Job is ``over()`` or the node left (exit 5); returns the kill times."""
+    bad, kills, since = a.node, [], 0.0
+    while not over():
+        if kills and UNHEALTHY in job.run.pods[bad].returncodes:  # it left: its replacement (just started) lands on
+            port_tree(Path(job.run.pods[bad].env["NVRX_LAB_HEALTH_SYSFS"]), up=True)  # a healthy node
+            return kills
+        if kills and kind == "once":
+            return kills
+        pids = trainers_of(job, bad, events, since)
+        done = _steps(events, since)
+        due = (done and done[-1] >= a.first_step) if not kills else (len(done) >= a.gap)
+        if pids and due:
+            os.kill(pids[-1], signal.SIGKILL)  # the GPU fell off the bus: its process dies
+            kills.append(since := time.time())
+            if kind == "repeat+checks":
+                port_tree(Path(job.run.pods[bad].env["NVRX_LAB_HEALTH_SYSFS"]), up=False)  # NVML/sysfs see it now
+        wait_for(lambda: True, 0.1, "a moment", interval=0.05)  # noqa: B023 - one poll period
+    return kills
+
+
+def goodput(events: list[dict]) -> float:
+    """Steps trained x the median step time / the wall clock from the first step to the last event."""
+    steps = [e for e in events if e["kind"] == "step" and e["rank"] == 0]
+    if len(steps) < 2:
+        return 0.0
+    times = sorted(e["step_time"] for e in steps)
+    wall = max(e["t"] for e in events) - (steps[0]["t"] - steps[0]["step_time"])
+    return max(e["step"] for e in steps) * times[len(times) // 2] / wall
