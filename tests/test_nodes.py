@@ -45,3 +45,30 @@ def test_rank0_agent_republishes_the_bootstrap_address_in_every_round_for_a_join
         assert RendezvousStoreInfo.build(1, store, None) == RendezvousStoreInfo("10.0.0.1", 29500)
     else:
         assert not store.check([RendezvousStoreInfo.MASTER_ADDR_KEY])
+
+
+@pytest.mark.timeout(240)
+def test_a_repeat_offender_leaves_on_its_health_check_and_a_spare_takes_its_place(tmp_path):
+    """Node 1's GPU fails a few steps into its first attempt and takes its RDMA port down (its own sysfs tree): at the
+    next round its launcher leaves with exit 5 before its workers start, the hot spare is admitted in its place, and
+    nothing strikes again (its replacement pod lands on a healthy node); the Job succeeds with one pod failure."""
+    a = nodes.parse(["--nodes", "2", "--nproc", "1", "--node", "1", "--kinds", "repeat+checks", "--faults-per-kind", "3",
+                     "--faults-per-job", "3", "--first-step", "4", "--gap", "6", "--ckpt-interval", "3",
+                     "--job-timeout", "200"])
+    job = nodes.run_job("launcher", "repeat+checks", a, tmp_path / "job")
+    log = "\n".join(job["restart_log"])
+    assert job["error"] is None and job["left"] == [], job["error"]
+    assert job["injected"] == 1 and job["unhealthy_exits"] == 1 and job["pod_failures"] == 1, log
+    assert "node 1 attempt 0: [nvrx-lab-launch] health check failed: nic: 1 port(s) not active" in log, log
+    assert "node 2 attempt 0: [nvrx-lab-launch] rendezvous: admitted as node 1 of 2 in round 1" in log, log
+    assert curve_problem(read_events(job["events"]), nodes.fault_steps(a)[-1] + a.gap) is None  # one loss curve
+
+
+def test_a_nodes_own_sysfs_tree_comes_from_its_environment_unless_the_flag_says():
+    from nvrx_lab.launcher.cli import parse
+
+    _, config = parse(["--nproc-per-node", "1", "/bin/true"], environ={"NVRX_LAB_HEALTH_SYSFS": "/node/sys"})
+    assert config.health_sysfs == "/node/sys"
+    _, config = parse(["--nproc-per-node", "1", "--health-sysfs", "/flag/sys", "/bin/true"],
+                      environ={"NVRX_LAB_HEALTH_SYSFS": "/node/sys"})
+    assert config.health_sysfs == "/flag/sys"

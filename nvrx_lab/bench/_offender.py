@@ -85,11 +85,22 @@ def strike(job: LocalJob, events: Path, a, kind: str, over) -> list[float]:
     return kills
 
 
-def goodput(events: list[dict]) -> float:
-    """Steps trained x the median step time / the wall clock from the first step to the last event."""
+def trained(events: list[dict]) -> dict:
+    """What a Job trained: its last step, rank 0's median step time, and the wall clock from its first step to its
+    last event (goodput = steps x an ideal step time / that wall: :func:`goodput`)."""
     steps = [e for e in events if e["kind"] == "step" and e["rank"] == 0]
     if len(steps) < 2:
-        return 0.0
+        return {"steps": 0, "step_s": float("nan"), "wall_s": float("nan")}
     times = sorted(e["step_time"] for e in steps)
     wall = max(e["t"] for e in events) - (steps[0]["t"] - steps[0]["step_time"])
-    return max(e["step"] for e in steps) * times[len(times) // 2] / wall
+    return {"steps": max(e["step"] for e in steps), "step_s": times[len(times) // 2], "wall_s": wall}
+
+
+def goodput(rows: list[dict]) -> None:
+    """Each row's ``goodput`` against one ideal step time: the fastest median of the rows' Jobs (same trainer, same
+    box), so a row whose steps ran slower is not flattered by its own median."""
+    jobs = [j for row in rows for j in row.get("trained", [])]
+    ideal = min((j["step_s"] for j in jobs if j["steps"]), default=float("nan"))
+    for row in rows:
+        each = [j["steps"] * ideal / j["wall_s"] for j in row.get("trained", []) if j["steps"]]
+        row["goodput"] = sorted(each)[len(each) // 2] if each else float("nan")

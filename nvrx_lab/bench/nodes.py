@@ -203,7 +203,7 @@ def run_job(restart: str, kind: str, a, workdir: Path) -> dict:
             "detect": [e["detect_s"] for e in ev if e["kind"] == "launcher_failure" and e.get("detect_s")],
             "respawn": [e["respawn_s"] for e in ev if e["kind"] == "launcher_restart" and e.get("respawn_s")],
             "left": left, "error": error, "restart_log": lines, "wall_s": time.monotonic() - t0, "events": events,
-            "goodput": offender.goodput(ev), "unhealthy_exits": job.run.pods[a.node].returncodes.count(UNHEALTHY)}
+            "trained": offender.trained(ev), "unhealthy_exits": job.run.pods[a.node].returncodes.count(UNHEALTHY)}
 
 
 def sources(resumed: list[str | None]) -> str:
@@ -225,7 +225,7 @@ def run_row(restart: str, kind: str, a, tmp: Path) -> dict:
            "job": "ok" if not any(job["error"] for job in jobs) else "FAILED",
            "left_running": sum(len(job["left"]) for job in jobs), "wall_s": sum(job["wall_s"] for job in jobs),
            "resumed_from": sources([s for job in jobs for s in job["sources"]]),
-           "goodput": median([job["goodput"] for job in jobs]), "unhealthy_exits": sum(job["unhealthy_exits"] for job in jobs),
+           "trained": [job["trained"] for job in jobs], "unhealthy_exits": sum(job["unhealthy_exits"] for job in jobs),
            "max_rollback": max((r for job in jobs for r in job["rollback"] if r is not None), default=None),
            "restart_log": [job["restart_log"] for job in jobs]}
     errors = [job["error"] for job in jobs if job["error"]] + [f"left running: {job['left']}" for job in jobs if job["left"]]
@@ -276,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         for restart in a.restarts:
             for kind in a.kinds:
                 rows.append(run_row(restart, kind, a, Path(a.workdir or tmp)))
+    offender.goodput(rows)
     for row in rows:
         print(f"\nrestart log, --restart {row['restart']}, {row['fault']} (first Job):")
         print("\n".join(f"  {line}" for line in row["restart_log"][0][:16]))
