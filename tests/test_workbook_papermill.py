@@ -12,6 +12,7 @@ could make endless.
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import time
@@ -68,6 +69,18 @@ def test_a_bad_parameter_stops_the_notebook_in_its_check_cell(notebook, case, tm
     assert ran == list(range(check + 1)), f"cells {ran} ran; the check cell is {check}: nothing after it may run"
     assert "Parameters(smoke)" in code[check].source
     assert [o.get("ename") for o in code[check].outputs if o.output_type == "error"] == ["ParameterError"]
+
+
+@pytest.mark.timeout(180)
+def test_the_workbooks_command_says_a_bad_parameter_in_one_line_and_exits_2(tmp_path):
+    """What ``make workbook`` runs, and the README names for batch runs: the check cell's error, one line."""
+    res = subprocess.run([sys.executable, "-m", "nvrx_lab.workbook.papermill", str(NOTEBOOKS / "08_stragglers.ipynb"),
+                          str(tmp_path / "out.ipynb"), "-p", "steps", "ten", "-k", "python3", "--cwd", str(NOTEBOOKS),
+                          "--no-progress-bar", "--log-level", "WARNING"], capture_output=True, text=True, timeout=150,
+                         env={**os.environ, "NVRX_LAB_SMOKE": "1"})
+    assert res.returncode == 2, res.stderr[-3000:]
+    (line,) = res.stderr.strip().splitlines()  # one line, no traceback
+    assert line.startswith("error: parameter steps: expected an integer") and line.endswith("got 'ten' (str)"), line
 
 
 @pytest.mark.timeout(180)

@@ -86,10 +86,19 @@ def register(as_default: bool = True) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """papermill's command line; a notebook parameter of the wrong type or range is one ``error:`` line and exit 2
+    (its check cell's :class:`~nvrx_lab.workbook.ParameterError`), not papermill's 50-line traceback."""
     from papermill.cli import papermill as cli
+    from papermill.exceptions import PapermillExecutionError
 
     register()
-    cli.main(args=argv, prog_name="python -m nvrx_lab.workbook.papermill")  # exits with papermill's status
+    try:
+        cli.main(args=argv, prog_name="python -m nvrx_lab.workbook.papermill")  # exits with papermill's status
+    except PapermillExecutionError as e:
+        if e.ename != "ParameterError":
+            raise
+        print(f"error: {e.evalue}", file=sys.stderr)
+        return 2
     return 0
 
 
