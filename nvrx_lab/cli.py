@@ -265,6 +265,18 @@ def check_writable(path: str | os.PathLike, flag: str, folder: bool = False) -> 
                          f"you can write to, or make {where} writable")
 
 
+def make_folder(path: str | os.PathLike, flag: str, value: str | os.PathLike | None = None) -> Path:
+    """Create the folder ``path`` and its missing parents: the one place the trainer makes a folder a flag names
+    (``value``: the flag's own value when ``path`` is its file's folder). An ``OSError`` (``/proc`` or ``/sys``, which
+    ``access(2)`` lets root pass; a full disk; a race) becomes one ``ValueError`` naming the flag, not a traceback."""
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        what = f"{flag} {path}" if value is None else f"{flag} {value}: its folder {path}"
+        raise ValueError(f"{what} cannot be created: {e.strerror or e}; pass a path you can write to") from None
+    return Path(path)
+
+
 def _denied(path: Path) -> str:
     """Why this user cannot write ``path``, in a few words."""
     if os.statvfs(path).f_flag & os.ST_RDONLY:

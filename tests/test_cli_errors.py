@@ -189,6 +189,21 @@ def _ckpt(folder, *more: str, preexec_fn=None) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("args, line", [
+    (["--ckpt", "async", "--ckpt-dir", "/proc/nvrx-x"], "error: --ckpt-dir /proc/nvrx-x cannot be created: No such file "
+                                                        "or directory; pass a path you can write to"),
+    (["--ckpt", "async", "--ckpt-dir", "/sys/nvrx-x"], "error: --ckpt-dir /sys/nvrx-x cannot be created: "),
+    (["--metrics", "/proc/nvrx-x/m.jsonl"], "error: --metrics /proc/nvrx-x/m.jsonl: its folder /proc/nvrx-x cannot be "
+                                            "created: No such file or directory"),
+])
+def test_a_folder_the_kernel_refuses_is_one_line_for_root_too(args, line, capsys):
+    """``access(2)`` lets root pass for ``/proc`` and ``/sys``; the folder is made in one place, whose ``OSError`` is
+    the one line (it was a traceback)."""
+    got = one_error_line(in_process(train_main, "--steps", "2", *args, capsys=capsys))
+    assert got.startswith(line), got
+
+
+@pytest.mark.timeout(60)
 def test_ckpt_dir_under_a_file_is_one_line_and_nothing_is_written(tmp_path, capsys):
     """Fails for root too: no folder can be made under a regular file."""
     (tmp_path / "somefile").write_text("mine")

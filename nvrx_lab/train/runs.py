@@ -26,6 +26,8 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from nvrx_lab.cli import make_folder
+
 if TYPE_CHECKING:
     from nvrx_lab.train.config import TrainConfig
 
@@ -110,6 +112,10 @@ def begin(cfg: TrainConfig, rank: int, restart_count: int, run_files: list[Path 
     """Check a continuation and, for a new run, reset what an earlier run left (``run_files``: the fired
     faults, the progress marker); returns ``new_run``."""
     fresh = cfg.fresh and restart_count == 0
+    if cfg.metrics:  # every rank's event log writes there
+        make_folder(Path(cfg.metrics).absolute().parent, "--metrics", cfg.metrics)
+    if (folder := ckpt_dir(cfg)) is not None:
+        make_folder(folder, "--ckpt-dir")
     new_run = fresh or is_new_run(cfg, restart_count)
     if not new_run:
         check_resume(cfg)
@@ -120,7 +126,6 @@ def begin(cfg: TrainConfig, rank: int, restart_count: int, run_files: list[Path 
             if path is not None:
                 path.unlink(missing_ok=True)
         if (path := run_file(cfg)) is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
             part = path.with_name(path.name + f".{os.getpid()}.part")
             # nonce: what local checkpoints (in node memory, outliving the job) are told apart by
             part.write_text(json.dumps({"run_id": cfg.run_id, "nonce": uuid.uuid4().hex, **identity(cfg)}))
