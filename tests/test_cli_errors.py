@@ -101,6 +101,21 @@ def test_a_real_process_prints_the_one_line_and_exits_2(entry, args, needle):
     assert line.startswith(needle), line
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("args, needle", [
+    (["--faults", "1:99:exception"], "error: --faults entry 1:99:exception: step 99 is outside this run's steps 1..30"),
+    (["--stepz", "3"], "error: unrecognized arguments: --stepz 3; did you mean --steps?"),
+])
+def test_the_readmes_way_says_a_usage_error_once_and_exits_2(args, needle, tmp_path):
+    """Two ranks under ``python -m nvrx_lab.launcher`` (the README's commands): the trainer's error line once (the
+    node's local rank 0 says it), the launcher's line, exit 2; no torchrun ChildFailedError, no traceback."""
+    res = subprocess.run([sys.executable, "-m", "nvrx_lab.launcher", "--standalone", "--nproc-per-node", "2", "-m",
+                          "nvrx_lab.train", "--steps", "30", *args], capture_output=True, text=True, timeout=100, cwd=tmp_path)
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert res.returncode == 2 and len(errors) == 1 and errors[0].startswith(needle), res.stderr[-3000:]
+    assert "exited 2 (usage error): not restarting" in res.stderr and "Traceback" not in res.stderr
+
+
 @pytest.mark.timeout(60)
 def test_launcher_metrics_file_that_cannot_be_written_is_one_line(tmp_path, capsys):
     (tmp_path / "file").write_text("")

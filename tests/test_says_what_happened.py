@@ -14,7 +14,7 @@ from conftest import ROOT, run_group
 
 from nvrx_lab.observe.events import last_launch, read_events
 from nvrx_lab.observe.goodput import analyze, idle_between_launches, restart_causes
-from nvrx_lab.runner import Launcher, Torchrun
+from nvrx_lab.runner import Launcher
 from nvrx_lab.train.resume import Reached, Start
 
 RESUME = re.compile(r"\[nvrx_lab\] RESUME step (\d+) from (\w+) \(rolled back (\d+) steps?, step (\d+) was reached\); "
@@ -22,8 +22,8 @@ RESUME = re.compile(r"\[nvrx_lab\] RESUME step (\d+) from (\w+) \(rolled back (\
 
 
 def readme_inprocess(tmp, port, *extra: str) -> list[str]:
-    """The README's in-process command, its paths in ``tmp``."""
-    return Torchrun.local(2, port).argv(["-m", "nvrx_lab.train", "--steps", "40", "--ckpt", "async", "--ckpt-interval", "5",
+    """The README's in-process command (under ``python -m nvrx_lab.launcher``), its paths in ``tmp``."""
+    return Launcher.local(2, port).argv(["-m", "nvrx_lab.train", "--steps", "40", "--ckpt", "async", "--ckpt-interval", "5",
                                          "--ckpt-dir", str(tmp / "ckpt"), "--restart", "inprocess", "--soft-timeout", "3",
                                          "--faults", "1:12:exception,1:25:hang", "--metrics", str(tmp / "m.jsonl"), *extra])
 

@@ -19,7 +19,9 @@ a Ctrl-C is one line too.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
 import json
 import os
 import resource
@@ -38,6 +40,7 @@ from nvrx_lab.observe.goodput import analyze, json_safe
 from nvrx_lab.train import attempts, layers, runs
 from nvrx_lab.train.config import TrainConfig
 from nvrx_lab.train.loop import train
+from nvrx_lab.train.resume import PREFIX, done_line
 
 
 def crash_fields(error: BaseException) -> dict:
@@ -65,6 +68,24 @@ def logged(run, cfg: TrainConfig, launch: LaunchEnv, events: EventLog, hooks, bo
         raise
 
 
+def finished(cfg: TrainConfig, launch: LaunchEnv, step: int) -> int:
+    """A launch onto a run whose ``--steps`` are committed: rank 0 says DONE, every rank records the launch (``start``,
+    ``end``: the pause before it is idle, not downtime) and exits 0, before the model is built."""
+    events = EventLog(cfg.metrics or None, rank=launch.rank)
+    events.emit("start", world_size=launch.world_size, restart_count=launch.restart_count, new_run=False,
+                pid=os.getpid(), ckpt=cfg.checkpoint.mode, node=launch.node, host=socket.gethostname())
+    if launch.rank == 0:
+        print(f"{PREFIX} {done_line(step, str(runs.ckpt_dir(cfg)))}", flush=True)
+    events.emit("end", steps=step, cuda_peak_bytes=None, rss_peak_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    return 0
+
+
+def said_once(launch: LaunchEnv):
+    """Around the command line's parsing: a usage error (argparse's one line, exit 2) is said by the node's local
+    rank 0 alone, the same line from every rank being noise; ``--help`` is printed by every rank as before."""
+    return contextlib.nullcontext() if launch.local_rank == 0 else contextlib.redirect_stderr(io.StringIO())
+
+
 def configure_threads(cfg: TrainConfig, launch: LaunchEnv) -> None:
     torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // launch.local_world_size))
 
@@ -82,15 +103,19 @@ def left_job(error: BaseException) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg = parse_dataclass(TrainConfig, argv, prog="python -m nvrx_lab.train", description=__doc__.split("\n\n")[0])
     launch = LaunchEnv.read()
     rank = launch.rank
+    with said_once(launch):  # every rank of a node has the same flags: its local rank 0 says their error
+        cfg = parse_dataclass(TrainConfig, argv, prog="python -m nvrx_lab.train", description=__doc__.split("\n\n")[0])
     try:
         layers.check_flags(cfg, launch.world_size)
         new_run = runs.begin(cfg, rank, launch.restart_count, [runs.fault_state_file(cfg), runs.progress_file(cfg)])
     except ValueError as e:  # exit 2: a usage error, which no restart mends (the launcher does not retry it)
-        print(f"error: {e}", file=sys.stderr)
+        if launch.local_rank == 0:
+            print(f"error: {e}", file=sys.stderr)
         return 2
+    if not new_run and (done := runs.done_step(cfg)) is not None:
+        return finished(cfg, launch, done)
     if cfg.restart.inprocess:  # torch reads these at its first NCCL group; torchrun sets =1, whose watchdog kills
         export_env(layers.INPROCESS_NCCL_ENV)
     configure_threads(cfg, launch)

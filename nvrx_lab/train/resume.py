@@ -127,8 +127,7 @@ class Start:
         if self.faults:
             return None
         if self.resumed is not None and self.resumed >= self.steps:
-            return (f"DONE step {self.resumed} already committed in {self.where}: nothing to train "
-                    "(--fresh starts a new run there, or pass more --steps)")
+            return done_line(self.resumed, self.where)
         if self.first_start and self.resumed is None and not self.rollback:
             return f"START step 0 of {self.steps}: a new run ({self._restored().removeprefix('step 0 (')}"
         how = "continuing the run" + (f" in {self.where}" if self.where else "")
@@ -216,3 +215,9 @@ def start_line(attempt: Attempt, hooks: Hooks, poll_s: float = 0.002) -> None:
     work = dist.barrier(group=attempt.cpu_group, async_op=True)
     wait_for(work.is_completed, float("inf"), "every rank at the start line", interval=poll_s, on_poll=hooks.progress)
     work.wait()  # raises if the group was aborted meanwhile
+
+
+def done_line(step: int, where: str) -> str:
+    """What a launch onto a finished run says (and nothing more: it trains nothing)."""
+    return (f"DONE step {step} already committed in {where}: nothing to train (--fresh starts a new run there, or pass "
+            "more --steps)")

@@ -144,3 +144,15 @@ def discard_run(folder: Path) -> list[int]:
         print(f"[nvrx_lab] --fresh: removed the {len(steps)} committed checkpoint{'s' if len(steps) > 1 else ''} of the "
               f"previous run in {folder} (step{'s' if len(steps) > 1 else ''} {', '.join(map(str, steps))})", flush=True)
     return steps
+
+
+def done_step(cfg: TrainConfig) -> int | None:
+    """The newest committed step of ``--ckpt-dir`` when it is ``--steps`` or more (the run is done), else None; read by
+    every rank alike from the files (a commit never changes), before torch builds anything: a rerun of a finished
+    run says DONE in seconds, not after the model was built and the checkpoint loaded."""
+    if (folder := ckpt_dir(cfg)) is None or not cfg.checkpoint.enabled:
+        return None
+    from nvrx_lab.checkpoint.loading import latest_step
+
+    step = latest_step(folder, full=False, rank=0, group=None, world=1, fallback=lambda *_: None)
+    return step if step is not None and step >= cfg.steps else None
