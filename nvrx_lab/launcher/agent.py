@@ -49,7 +49,7 @@ from nvrx_lab.launcher.monitor import LAST_FAILURE_ENV, MonitorServer
 from nvrx_lab.launcher.policy import TOLERATES_ENV, RestartPolicy, any_failed, tolerated_losses
 from nvrx_lab.launcher.progress import ProgressTracker
 from nvrx_lab.launcher.restart_log import Failure, RestartLog, describe_exit
-from nvrx_lab.launcher.rounds import republish_bootstrap, round_number, wait_only_with_room
+from nvrx_lab.launcher.rounds import reachable, republish_bootstrap, round_number, serve_reachable, wait_only_with_room
 from nvrx_lab.launcher.standby import Zygote
 from nvrx_lab.net import listen, wait_for
 
@@ -61,12 +61,6 @@ rank's loss takes its partners down a moment later (gloo: connection reset; a ha
 collective, their last heartbeats microseconds apart), and which of them a poll sees first is chance. So the
 agent names every worker that failed and judges a usage error on all of their exit codes. It acts as soon as
 every worker has exited or failed: the wait costs time only where a survivor stays up."""
-
-
-def reachable(addr: str) -> str:
-    """Where a node's round store listens: its ``--local-addr``, or the part after ``@`` of a sort key
-    (``<index 0's host>/node-00003@<pod IP>``, :mod:`nvrx_lab.eks.commands`)."""
-    return addr.rsplit("@", 1)[1] if "@" in addr else addr
 
 
 def _listen_with_successor(addr: str, tries: int = 50) -> tuple[socket.socket, socket.socket]:
@@ -91,6 +85,7 @@ class HeartbeatAgent(LocalElasticAgent):
         super().__init__(spec, logs_specs, start_method=start_method, shutdown_timeout=shutdown_timeout)
         republish_bootstrap(spec.rdzv_handler)
         wait_only_with_room(spec.rdzv_handler)
+        serve_reachable(spec.rdzv_handler)
         self.monitors, self.restart_log, self.policy, self.zygote = monitors, restart_log, policy, zygote
         self._round_store: TCPStore | None = None
         self._successor: socket.socket | None = None  # MASTER_PORT + 1, held free until the round's workers start

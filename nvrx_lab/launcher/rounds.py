@@ -2,7 +2,8 @@
 
 * :func:`republish_bootstrap` — a node that joins in a later round (a replaced pod) finds rank 0's address there;
 * :func:`wait_only_with_room` — hot spares wait without restarting the groups that train;
-* :func:`round_number` — which round admitted this node (a later one: it took a lost node's place).
+* :func:`round_number` — which round admitted this node (a later one: it took a lost node's place);
+* :func:`serve_reachable` — a node that becomes group rank 0 serves torch's shared store where it can be reached.
 """
 
 from __future__ import annotations
@@ -46,3 +47,18 @@ def round_number(handler) -> int | None:
     """The round torch's c10d handler is in (0: the first; later: after a failure), or None for another handler."""
     holder = getattr(handler, "_state_holder", None)
     return None if holder is None else holder.state.round
+
+
+def reachable(addr: str) -> str:
+    """Where a node listens: its ``--local-addr``, or the part after ``@`` of a sort key
+    (``<index 0's host>/node-00003@<pod IP>``, :mod:`nvrx_lab.eks.commands`)."""
+    return addr.rsplit("@", 1)[1] if "@" in addr else addr
+
+
+def serve_reachable(handler) -> None:
+    """torch's handler starts its shared store server on the node's ``--local-addr`` when the node first becomes
+    group rank 0; a sort key is no host to bind (seen: the spare's round stuck there, resolving it, while index 0
+    waited): the server binds to :func:`reachable` of it."""
+    inner = getattr(handler, "_create_tcp_store_server", None)
+    if inner is not None:
+        handler._create_tcp_store_server = lambda addr, port: inner(reachable(addr), port)
