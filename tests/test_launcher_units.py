@@ -229,12 +229,13 @@ def test_a_launcher_whose_rendezvous_another_node_closed_does_not_exit_0(capsys)
     from nvrx_lab.launcher.restart_log import RestartLog
 
     log = RestartLog(None, 3)
-    trained = SimpleNamespace(admitted=True, usage_error=None, no_progress=None)
+    trained = SimpleNamespace(admitted=True, spare=False, usage_error=None, no_progress=None)
     assert exit_status(None, trained, log, 3) == RENDEZVOUS_CLOSED == 3
     assert log.lines == ["[nvrx-lab-launch] the rendezvous was closed by another node (it finished or gave up) before "
                          "this node's workers finished: exit 3, not 0, so this node is not counted as done"]
-    spare = SimpleNamespace(admitted=False, usage_error=None, no_progress=None)  # never admitted: a hot spare
-    assert exit_status(None, spare, log, 3) == 0 and "hot spare and no round needed it" in log.lines[-1]
+    spare = SimpleNamespace(admitted=True, spare=True, usage_error=None, no_progress=None)  # the round full without it
+    assert exit_status(None, spare, log, 3) == 0 and "waiting as a hot spare (the round was full without it)" in \
+        log.lines[-1]
     done, failed = (SimpleNamespace(state=SimpleNamespace(name=n)) for n in ("SUCCEEDED", "FAILED"))
     assert exit_status(done, trained, log, 3) == 0 and exit_status(failed, trained, log, 3) == 1
     assert exit_status(failed, SimpleNamespace(usage_error=SimpleNamespace(exit_code=2)), log, 3) == 2

@@ -66,22 +66,25 @@ def _steps(events: Path, since: float) -> list[int]:
 def strike(job: LocalJob, events: Path, a, kind: str, over) -> list[float]:
     """Kill a worker of the bad node ``a.node`` at step ``a.first_step``, then (``repeat`` kinds) ``a.gap`` steps into
     every attempt it trains in, until the Job is ``over()`` or the node left (exit 5); returns the kill times."""
-    bad, kills, since = a.node, [], 0.0
-    while not over():
+    bad, kills = a.node, []
+
+    def finished() -> bool:
+        """One look: strike if it is due; True once nothing is left to strike."""
+        if over() or (kills and kind == "once"):
+            return True
         if kills and UNHEALTHY in job.run.pods[bad].returncodes:  # it left: its replacement (just started) lands on
             port_tree(Path(job.run.pods[bad].env["NVRX_LAB_HEALTH_SYSFS"]), up=True)  # a healthy node
-            return kills
-        if kills and kind == "once":
-            return kills
-        pids = trainers_of(job, bad, events, since)
-        done = _steps(events, since)
-        due = (done and done[-1] >= a.first_step) if not kills else (len(done) >= a.gap)
-        if pids and due:
+            return True
+        since = kills[-1] if kills else 0.0
+        pids, done = trainers_of(job, bad, events, since), _steps(events, since)
+        if pids and ((done and done[-1] >= a.first_step) if not kills else len(done) >= a.gap):
             os.kill(pids[-1], signal.SIGKILL)  # the GPU fell off the bus: its process dies
-            kills.append(since := time.time())
+            kills.append(time.time())
             if kind == "repeat+checks":
                 port_tree(Path(job.run.pods[bad].env["NVRX_LAB_HEALTH_SYSFS"]), up=False)  # NVML/sysfs see it now
-        wait_for(lambda: True, 0.1, "a moment", interval=0.05)  # noqa: B023 - one poll period
+        return False
+
+    wait_for(finished, float("inf"), "the bad node's faults", interval=0.1)  # over() bounds it (the Job's deadline)
     return kills
 
 

@@ -94,6 +94,7 @@ def _launch(config: LaunchConfig, cmd: str, cmd_args: list[str], settings: Launc
     import torch.distributed.elastic.rendezvous.registry as rdzv_registry
     from torch.distributed.elastic.agent.server.api import WorkerSpec
     from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.rendezvous import RendezvousClosedError
 
     from nvrx_lab.launcher.agent import HeartbeatAgent
     from nvrx_lab.launcher.monitor import MonitorServer
@@ -131,6 +132,9 @@ def _launch(config: LaunchConfig, cmd: str, cmd_args: list[str], settings: Launc
             try:
                 result = agent.run()
                 break
+            except RendezvousClosedError:  # while this node waited on torch's wait list: as after a graceful exit
+                result = None
+                break
             except Exception as e:  # noqa: BLE001 - only the store's host lost is handled here
                 if not _rejoin(e, params, restart_log, rejoin, config.max_restarts):
                     raise
@@ -140,13 +144,23 @@ def _launch(config: LaunchConfig, cmd: str, cmd_args: list[str], settings: Launc
     except NodeUnhealthy:
         return _unhealthy(settings, checks, restart_log)
     finally:
-        if rdzv_handler is not None and result is not None:
-            rdzv_handler.shutdown()
-        monitors.close()
-        if zygote is not None:
-            zygote.close()
-        shutil.rmtree(directory, ignore_errors=True)
+        _close(agent, result, rdzv_handler, monitors, zygote, directory)
     return exit_status(result, agent, restart_log, config.max_restarts)
+
+
+def _close(agent, result, rdzv_handler, monitors, zygote, directory: str) -> None:
+    """The launcher's way out: whether a node the rendezvous closed on was a spare, the rendezvous closed by a node that
+    trained to an outcome, monitors, the zygote and the private directory gone."""
+    from nvrx_lab.launcher.rounds import left_out
+
+    if agent is not None and result is None:
+        agent.spare = not agent.admitted or left_out(rdzv_handler)
+    if rdzv_handler is not None and result is not None:
+        rdzv_handler.shutdown()
+    monitors.close()
+    if zygote is not None:
+        zygote.close()
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 class _Checks:
@@ -208,9 +222,9 @@ def exit_status(result, agent, restart_log, max_restarts: int) -> int:
     torch's agent returned nothing to a node that trained (the rendezvous was closed by another node, which finished
     or gave up, before this one trained to the end: said in one line); ``NO_PROGRESS`` (4) when restarts committed
     nothing new (``agent.no_progress``, the line that says so); 1 when the workers failed."""
-    if result is None and agent is not None and not agent.admitted:
-        restart_log.say("this node was a hot spare and no round needed it: the rendezvous closed (the job ended: its "
-                        "nodes finished or gave up); exit 0")
+    if result is None and agent is not None and agent.spare:
+        restart_log.say("this node was waiting as a hot spare (the round was full without it) when the rendezvous "
+                        "closed: the job ended without needing it; exit 0")
         return 0
     if result is None:
         restart_log.say(f"the rendezvous was closed by another node (it finished or gave up) before this node's workers "

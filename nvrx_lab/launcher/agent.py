@@ -104,6 +104,9 @@ class HeartbeatAgent(LocalElasticAgent):
         """The worker that exited with a usage error, if one did: the job stopped without a restart."""
         self.admitted = False
         """Whether a rendezvous round admitted this node: a node beyond ``--nnodes`` waits as a hot spare until then."""
+        self.spare = False
+        """Set when the rendezvous closed while this node waited: whether it was a spare then (never admitted, or the
+        round full without it), so the job ended without needing it."""
 
     @property
     def restart_count(self) -> int:

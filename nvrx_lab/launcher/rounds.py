@@ -3,7 +3,8 @@
 * :func:`republish_bootstrap` — a node that joins in a later round (a replaced pod) finds rank 0's address there;
 * :func:`wait_only_with_room` — hot spares wait without restarting the groups that train;
 * :func:`round_number` — which round admitted this node (a later one: it took a lost node's place);
-* :func:`serve_reachable` — a node that becomes group rank 0 serves torch's shared store where it can be reached.
+* :func:`serve_reachable` — a node that becomes group rank 0 serves torch's shared store where it can be reached;
+* :func:`left_out` — a node waiting when the rendezvous closed was a spare: the job ended without needing it.
 """
 
 from __future__ import annotations
@@ -62,3 +63,12 @@ def serve_reachable(handler) -> None:
     inner = getattr(handler, "_create_tcp_store_server", None)
     if inner is not None:
         handler._create_tcp_store_server = lambda addr, port: inner(reachable(addr), port)
+
+
+def left_out(handler) -> bool:
+    """Whether the last round the handler saw was full without this node: it waited as a hot spare (never admitted, or
+    its place taken by a spare in a later round) when the rendezvous closed, so the job ended without needing it."""
+    holder, me = getattr(handler, "_state_holder", None), getattr(handler, "_this_node", None)
+    if holder is None or me is None:
+        return False
+    return me not in holder.state.participants and len(holder.state.participants) >= handler.settings.max_nodes
