@@ -56,29 +56,6 @@ def take_dump(path: str) -> dict:
     return {"ok": True, "entries": entries, "bytes": len(data)}
 
 
-def last_collective() -> tuple[str, int] | None:
-    """The newest process group's last collective this process entered, ``(pg_id, collective_seq_id)``, from torch's
-    recorder (a dump in memory, no file); None when it is off, empty or torch is not loaded. A hang's report carries
-    it: the rank that never entered the collective its peers wait in has the lower number."""
-    import sys
-
-    if "torch" not in sys.modules:
-        return None
-    import pickle
-
-    try:
-        from torch._C._distributed_c10d import _dump_fr_trace
-
-        entries = pickle.loads(_dump_fr_trace()).get("entries", [])
-    except Exception:  # noqa: BLE001 - no recorder in this build, or nothing recorded: no evidence, not an error
-        return None
-    if not entries:
-        return None
-    pg = str(entries[-1].get("pg_id"))
-    seqs = [int(e["collective_seq_id"]) for e in entries if str(e.get("pg_id")) == pg and "collective_seq_id" in e]
-    return (pg, max(seqs)) if seqs else None
-
-
 class DumpListener:
     """The worker's end: answers ``<path>\\n`` with :func:`take_dump`'s JSON, from a daemon thread."""
 

@@ -107,20 +107,6 @@ def test_the_launch_is_read_once_and_each_component_gets_its_settings_from_the_w
     assert gloo_sockets("gloo", 3, "ibverbs") == 0 and gloo_sockets("nccl", 3) == 0
 
 
-def test_a_hang_is_named_on_the_rank_that_entered_the_fewest_collectives():
-    """Rank 0 waits in all-reduce #57 for rank 1, hung after #56; rank 0's soft timeout fired first (by microseconds)
-    and rank 1 added its ``stalled`` evidence as the attempt ended: the hang is rank 1's."""
-    faults = [{"cause": "hang", "rank": 0, "detail": "no ping for 3.00 s", "t": 10.0, "collective": ["0", 57]},
-              {"cause": "stalled", "rank": 1, "detail": "no ping for 3.01 s when the attempt ended", "t": 10.001,
-               "collective": ["0", 56]}]
-    assert root_cause(faults) == {**faults[1], "cause": "hang"}
-    assert root_cause(faults[:1])["rank"] == 0  # one report: nothing to compare, the earliest
-    other_group = [faults[0], {**faults[1], "collective": ["1", 3]}]  # not one group's numbers: not compared
-    assert root_cause(other_group)["rank"] == 0
-    exception = [{"cause": "exception", "rank": 1, "detail": "RuntimeError", "t": 9.0, "collective": ["0", 9]}, faults[1]]
-    assert root_cause(exception)["rank"] == 1 and root_cause(exception)["cause"] == "exception"  # stalled never wins
-
-
 def test_root_cause_prefers_a_death_over_the_collective_errors_it_caused():
     faults = [{"cause": "exception", "rank": 0, "detail": "Connection closed by peer", "t": 1.0},
               {"cause": "dead", "rank": 1, "detail": "killed", "t": 1.02}]

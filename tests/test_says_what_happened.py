@@ -41,7 +41,6 @@ def test_the_readme_inprocess_command_resumes_says_so_and_reruns_truly(tmp_path,
     assert "[nvrx_lab] START step 0 of 40: a new run" in out, out
     resumes = RESUME.findall(out)
     assert [(kind, int(step)) for *_, kind, step in resumes] == [("exception", 12), ("hang", 25)], out
-    assert "RESTART attempt 1: hang on rank 1: no ping for" in out, out  # the hung rank, not rank 0 waiting for it
     for step, source, rolled, reached, _, _, fault_step in resumes:
         assert int(step) >= 5 and source == "storage", out  # a checkpoint, not step 0
         assert int(reached) == int(fault_step) - 1 and int(rolled) == int(reached) - int(step), out

@@ -23,8 +23,6 @@ import threading
 import time
 from dataclasses import dataclass
 
-from nvrx_lab.flight_recorder import last_collective
-
 from .interrupt import MainThreadInterrupter
 from .monitor_process import Progress
 from .state import State
@@ -113,10 +111,6 @@ class MonitorThread(threading.Thread):
                     continue
                 if not self.interrupting:
                     if end.is_set() and self._ended_by_fault(state, end):
-                        if not self._hang_reported and now - self.last_ping > cfg.soft_timeout / 2:  # stalled too:
-                            self.store.report_fault(state.iteration, self.rank, "stalled",  # evidence of which rank
-                                                    f"no ping for {now - self.last_ping:.2f} s when the attempt ended",
-                                                    time.time() - (now - self.last_ping), last_collective())
                         self._interrupt(state)
                         last_signal = time.monotonic()
                     elif (not self._hang_reported and not self.atomic_depth
@@ -125,7 +119,7 @@ class MonitorThread(threading.Thread):
                         self.store.report_fault(state.iteration, self.rank, "hang",
                                                 f"no ping for {now - self.last_ping:.2f} s "
                                                 f"(soft_timeout {cfg.soft_timeout} s)",
-                                                time.time() - (now - self.last_ping), last_collective())
+                                                time.time() - (now - self.last_ping))
                 elif self.interrupter.armed and now - last_signal > cfg.resend:
                     self.interrupter.interrupt(self.interrupter.reason)
                     last_signal = now

@@ -22,17 +22,9 @@ cause is the report with the best priority here, then the earliest."""
 
 
 def root_cause(faults: list[dict]) -> dict:
-    """The report that names the fault. A hang's soft timeout fires first on whichever rank stopped pinging first, the
-    hung one or one waiting for it in a collective (their last pings microseconds apart); the others, stalled too,
-    add a ``stalled`` report as they stop. Each carries the last collective it entered (torch's flight recorder): the
-    hung rank is the one that entered the fewest of the group's."""
     if not faults:
         return {"cause": "unknown", "rank": -1, "detail": "", "t": None}
-    best = min(faults, key=lambda f: (CAUSE_PRIORITY.get(f["cause"], 9), f["t"]))
-    stalled = [f for f in faults if f["cause"] in ("hang", "stalled") and f.get("collective")]
-    if best["cause"] == "hang" and len(stalled) > 1 and len({f["collective"][0] for f in stalled}) == 1:
-        best = {**min(stalled, key=lambda f: (f["collective"][1], f["t"])), "cause": "hang"}
-    return best
+    return min(faults, key=lambda f: (CAUSE_PRIORITY.get(f["cause"], 9), f["t"]))
 
 
 @dataclass

@@ -175,12 +175,10 @@ class RestartStore:
         return {r: json.loads(v) for r, v in zip(dead, values, strict=True)}
 
     # -- faults and the end of an attempt --------------------------------------------------------
-    def report_fault(self, iteration: int, rank: int, cause: str, detail: str, t: float | None = None,
-                     collective: tuple[str, int] | None = None) -> None:
-        """Add a fault report to attempt ``iteration`` (one ``append``) and end the attempt; ``collective``: the last
-        one this rank entered (a hang's evidence, :func:`nvrx_lab.flight_recorder.last_collective`)."""
+    def report_fault(self, iteration: int, rank: int, cause: str, detail: str, t: float | None = None) -> None:
+        """Add a fault report to attempt ``iteration`` (one ``append``) and end the attempt."""
         record = {"iteration": iteration, "rank": rank, "cause": cause, "detail": detail[:2000],
-                  "t": time.time() if t is None else t, "collective": list(collective) if collective else None}
+                  "t": time.time() if t is None else t}
         self.client.append(f"it/{iteration}/faults", json.dumps(record) + "\n")
         self.client.compare_set(self.end_key(iteration), "", "fault")
 
