@@ -79,7 +79,9 @@ def test_the_workbooks_command_says_a_bad_parameter_in_one_line_and_exits_2(tmp_
                           "--no-progress-bar", "--log-level", "WARNING"], capture_output=True, text=True, timeout=150,
                          env={**os.environ, "NVRX_LAB_SMOKE": "1"})
     assert res.returncode == 2, res.stderr[-3000:]
-    (line,) = res.stderr.strip().splitlines()  # one line, no traceback
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr[-3000:]  # one line: no traceback, no kernel's log line from its shutdown
+    line = lines[0]
     assert line.startswith("error: parameter steps: expected an integer") and line.endswith("got 'ten' (str)"), line
 
 
