@@ -38,6 +38,9 @@ class LaunchEnv:
     master_port: int = 0
     launcher_tolerates: int | None = None
     """Workers of this node ``nvrx_lab.launcher`` lets go without restarting the group (None: not under it)."""
+    omp_threads: int | None = None
+    """The CPU threads ``OMP_NUM_THREADS`` asks of each worker (None: unset): torchrun sets 1 for several workers a
+    node, ``nvrx_lab.replicas.local`` 1 for every group's worker, the groups sharing one machine."""
 
     @property
     def launched(self) -> bool:
@@ -51,7 +54,8 @@ class LaunchEnv:
         return cls(num("RANK", 0), num("WORLD_SIZE", 1), num("LOCAL_RANK", 0), num("LOCAL_WORLD_SIZE", 1),
                    num("GROUP_RANK", 0), num("TORCHELASTIC_RESTART_COUNT", 0), env.get("MASTER_ADDR", ""),
                    num("MASTER_PORT", 0),
-                   int(env["NVRX_LAB_LAUNCHER_TOLERATES"]) if env.get("NVRX_LAB_LAUNCHER_TOLERATES") else None)
+                   int(env["NVRX_LAB_LAUNCHER_TOLERATES"]) if env.get("NVRX_LAB_LAUNCHER_TOLERATES") else None,
+                   int(env["OMP_NUM_THREADS"]) if env.get("OMP_NUM_THREADS", "").isdigit() else None)
 
 
 def export_env(values: dict[str, str], keep_set: bool = False) -> None:

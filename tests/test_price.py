@@ -96,3 +96,17 @@ def test_prices_plot(tmp_path):
     ax = plot_prices({"demo": analyze(stream()).prices}, title="t")
     ax.figure.savefig(tmp_path / "p.png", bbox_inches="tight")
     assert (tmp_path / "p.png").stat().st_size > 1000 and len(ax.patches) == 8  # one bar piece per phase
+
+
+def test_a_step_begun_before_the_fault_and_logged_after_it_is_not_discarded():
+    """Rank 0 descheduled after its step 4 and before its step event: the event lands after the fault (3.1). The step
+    was trained before the fault, not after a restart, so nothing is discarded and the phases are the same."""
+    ev = [dict(e, t=3.3) if e["kind"] == "step" and e["step"] == 4 and e["t"] < 3.1 else e for e in stream()]
+    (late,) = analyze(sorted(ev, key=lambda e: e["t"])).prices
+    (plain,) = analyze(stream()).prices
+    assert "discarded" not in late.phases
+    same = lambda phases: {k: v for k, v in phases.items() if k != "lost_step"}  # noqa: E731 (the broken step's start moved)
+    assert same(late.phases) == pytest.approx(same(plain.phases)) and late.back_s == pytest.approx(plain.back_s)
+    started_after = ev + [{"t": 3.9, "kind": "step", "rank": 0, "step": 5, "step_time": 0.5}]  # begun at 3.4: after it
+    (p,) = analyze(sorted(started_after, key=lambda e: e["t"])).prices
+    assert "discarded" in p.phases

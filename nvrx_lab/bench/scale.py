@@ -154,8 +154,10 @@ def main(argv: list[str] | None = None) -> int:
                 row = {"ranks": n, "protocol": protocol, "error": f"{type(e).__name__}: {e}"[:300]}
             row["wall_s"] = time.monotonic() - t
             rows.append(row)
-            print(f"[scale] {n:5d} ranks {protocol:6s} restart {row.get('restart_s', float('nan')):.3f} s, "
-                  f"{row.get('store_ops_per_restart', '-')} store ops; heartbeats {row.get('heartbeat_store_ops_per_s', '-')}"
+            restart = (f"restart {row['restart_s']:.3f} s, {row['store_ops_per_restart']} store ops" if "restart_s" in row
+                       else f"restart not run (O(N^2): above --legacy-max-ranks {a.legacy_max_ranks})"
+                       if protocol == "legacy" and n > a.legacy_max_ranks else "restart -")
+            print(f"[scale] {n:5d} ranks {protocol:6s} {restart}; heartbeats {row.get('heartbeat_store_ops_per_s', '-')}"
                   f" ops/s; commit {row.get('commit_fs_ops_per_save', '-')} fs ops, idle step "
                   f"{row.get('idle_step_fs_ops', '-')} {row.get('error', '')}", flush=True)
     if a.replica_groups:

@@ -82,7 +82,9 @@ def fault_prices(events: list[dict], faults: list, ideal_step_s: float, toleranc
     for i, f in enumerate(faults):
         p = FaultPrice(f.t, f.rank, f.step, f.kind)
         until = faults[i + 1].t if i + 1 < len(faults) else float("inf")
-        window = [e for e in events if f.t < e["t"] < until]
+        # a step begun before the fault and logged after it (a rank descheduled before its step event) is not training
+        # after the fault: it stays out of the window, or it would be counted as steps discarded by a later restart
+        window = [e for e in events if f.t < e["t"] < until and not (e["kind"] == "step" and e["t"] - e["step_time"] < f.t)]
         last = max((e["t"] for e in window if e["kind"] in RESTARTS), default=f.t)
         back = next((s["t"] - s["step_time"] for s in steps if s["t"] - s["step_time"] >= last - 1e-6
                      and f.t < s["t"] < until), None)

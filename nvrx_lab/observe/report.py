@@ -21,7 +21,7 @@ def bench_section(path: Path) -> str:
     where = (f"{m.get('host', '?')}: {m.get('cpus', '?')} CPUs, torch {m.get('torch', '?')}, "
              f"GPU {m.get('cuda') or 'none'}, {m.get('when', '?')}")
     parts = [f"## {result.get('benchmark', path.stem)}", "", f"Command: `{result.get('command', '?')}`  ",
-             f"Machine: {where}", "", "```", format_table(result.get("rows", [])), "```", ""]
+             f"Machine: {where}", "", "```", format_table(result.get("rows", []), result.get("columns")), "```", ""]
     for note in result.get("notes", []):
         parts.append(f"- {note}")
     for plot in result.get("plots", []):

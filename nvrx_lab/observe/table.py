@@ -12,6 +12,7 @@ import os
 import platform
 import statistics
 import sys
+import textwrap
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -48,24 +49,74 @@ def p95(xs: Sequence[float]) -> float:
 def _fmt(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
+    if isinstance(v, dict):
+        return ", ".join(f"{k} {_fmt(x)}" for k, x in v.items())
+    if isinstance(v, (list, tuple)):
+        return f"[{', '.join(map(_fmt, v))}]"
     return str(v)
 
 
-def format_table(rows: list[dict[str, Any]], columns: Sequence[str] | None = None) -> str:
-    """``rows`` as aligned text, one line per row; ``columns`` picks and orders them (default: the first row's keys)."""
+WIDTH = 100
+"""Columns a table fits in: a wider one is printed in parts, each repeating the row's key columns."""
+
+
+def _numeric(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _keys(rows: list[dict[str, Any]], columns: list[str]) -> int:
+    """How many leading columns name a row: up to the last non-numeric one among the first three, at least one."""
+    texts = [i for i, c in enumerate(columns[:3]) if any(c in r and not _numeric(r[c]) for r in rows)]
+    return max(texts) + 1 if texts else 1
+
+
+CELL = 48
+"""A text cell longer than this is wrapped onto more lines of its row."""
+
+
+def _lines(cells: list[list[list[str]]], columns: list[str], picked: list[int], keys: int) -> list[str]:
+    """The table of the ``picked`` columns, with the rows that have a value in one of them beyond the keys."""
+    cells = [row for row in cells if any(row[i] != [""] for i in picked[keys:])] or cells
+    widths = {i: max(len(columns[i]), *(len(ln) for row in cells for ln in row[i])) for i in picked}
+    left = {picked[0]} | {i for i in picked if any(len(row[i]) > 1 for row in cells)}  # the first, and wrapped text
+
+    def line(vals: list[str]) -> str:
+        return "  ".join(vals[i].ljust(widths[i]) if i in left else vals[i].rjust(widths[i]) for i in picked).rstrip()
+
+    out = [line(columns), line(["-" * widths.get(i, 0) for i in range(len(columns))])]
+    for row in cells:
+        height = max(len(row[i]) for i in picked)
+        out += [line([c[k] if k < len(c) else "" for c in row]) for k in range(height)]
+    return out
+
+
+def format_table(rows: list[dict[str, Any]], columns: Sequence[str] | None = None, width: int = WIDTH) -> str:
+    """``rows`` as aligned text; ``columns`` picks and orders them (default: every row's keys).
+
+    A column empty in every row is left out and a text longer than :data:`CELL` wraps within its cell; a table wider
+    than ``width`` is printed in parts, one under the other, each starting with the key columns (the leading ones
+    that name a row, as ``ranks protocol``) and holding the rows with a value in it."""
     if not rows:
         return "(no rows)"
-    columns = list(columns or rows[0].keys())
-    cells = [[_fmt(r.get(c, "")) for c in columns] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-    line = lambda vals: "  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(vals, widths, strict=True)))  # noqa: E731
-    return "\n".join([line(columns), line(["-" * w for w in widths]), *(line(r) for r in cells)])
+    columns = [c for c in (columns or dict.fromkeys(k for r in rows for k in r)) if any(r.get(c, "") != "" for r in rows)]
+    cells = [[textwrap.wrap(_fmt(r.get(c, "")), CELL) or [""] for c in columns] for r in rows]
+    size = [max(len(c), *(len(ln) for row in cells for ln in row[i])) + 2 for i, c in enumerate(columns)]
+    keys = list(range(min(_keys(rows, columns), len(columns))))
+    parts, part = [], list(keys)
+    for i in range(len(keys), len(columns)):
+        if len(part) > len(keys) and sum(size[j] for j in part) + size[i] - 2 > width:
+            parts.append(part)
+            part = list(keys)
+        part.append(i)
+    parts.append(part)
+    return "\n\n".join("\n".join(_lines(cells, columns, p, len(keys))) for p in parts)
 
 
 def report(name: str, rows: list[dict[str, Any]], out: str | Path, command: str, extra: dict | None = None,
            columns: Sequence[str] | None = None) -> dict:
-    """Print the table and write ``out`` (JSON: command, machine, rows, extra)."""
-    result = {"benchmark": name, "command": command, "machine": machine(), "rows": rows, **(extra or {})}
+    """Print the table and write ``out`` (JSON: command, machine, rows, extra, and the columns the table shows)."""
+    result = {"benchmark": name, "command": command, "machine": machine(), "rows": rows, **(extra or {}),
+              "columns": list(columns or dict.fromkeys(k for r in rows for k in r))}
     print(format_table(rows, columns))
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

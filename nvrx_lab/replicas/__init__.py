@@ -1,4 +1,4 @@
-"""Replica-level fault tolerance: the survivors never stop.
+"""Replica-level fault tolerance: the survivors never go back (no restart, no checkpoint reload).
 
 The job is R replica groups, each a whole copy of the model (FSDP inside a group). Each step the groups' gradients
 are summed across groups over torch's own process groups (:mod:`.group`: gloo here, NCCL on a GPU; made when the

@@ -87,7 +87,8 @@ class TrainConfig(Settings):
     weight_decay: float = 0.01
     """AdamW weight decay."""
     step_sleep: float = 0.0
-    """Extra seconds per step that stand in for a bigger model's compute (benchmarks)."""
+    """Extra seconds per step that stand in for a bigger model's compute (benchmarks, notebook 09); in replica groups
+    in proportion to the rows a rank computes (a redo's extra rows cost more)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """auto: this rank's GPU when CUDA is available (NCCL), else the CPU (gloo)."""
     precision: Literal["auto", "fp32", "bf16"] = "auto"

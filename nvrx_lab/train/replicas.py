@@ -23,6 +23,7 @@ loss curve is the fault-free one up to the order of the sums.
 from __future__ import annotations
 
 import sys
+import time
 
 import torch
 
@@ -62,7 +63,8 @@ def _loop(cfg: TrainConfig, attempt: Attempt, ckpt: Checkpointer | None) -> Repl
     faults = cfg.faults.faults
     injector = FaultInjector(faults, rc.replica_id * ranks + rank, state_file=runs.fault_state_file(cfg),
                              emit=attempt.events.emit) if faults else None
-    loop = ReplicaLoop(state, _compute(state, attempt.device), rc, group, steps=cfg.steps, global_batch=cfg.global_batch,
+    per_row = cfg.step_sleep / max(1, cfg.global_batch // (rc.replicas * ranks))  # --step-sleep for a rank's nominal rows
+    loop = ReplicaLoop(state, _compute(state, attempt.device, per_row), rc, group, steps=cfg.steps, global_batch=cfg.global_batch,
                        ckpt=ckpt, before_step=injector.catch_up if injector else None,
                        settings={"seq_len": cfg.model.seq_len, "data": cfg.data or "synthetic", "seed": cfg.seed},
                        sample_ids=lambda step: state.data.sample_ids(step - 1))
@@ -81,8 +83,9 @@ def _loop(cfg: TrainConfig, attempt: Attempt, ckpt: Checkpointer | None) -> Repl
     return loop
 
 
-def _compute(state: TrainState, device: torch.device) -> Compute:
-    """The trainer's forward and backward over rows of a step's synthetic global batch."""
+def _compute(state: TrainState, device: torch.device, sleep_per_row: float = 0.0) -> Compute:
+    """The trainer's forward and backward over rows of a step's synthetic global batch; ``sleep_per_row``: the
+    ``--step-sleep`` stand-in for a bigger model's compute, in proportion to the rows (a redo's extra rows cost more)."""
     def compute(step: int, rows: list[int]) -> float:
         batch = state.data.global_batch_at(step - 1)
         # no rows (a redo's few lost rows went to the other ranks): a stand-in row weighted zero, so this rank still
@@ -93,6 +96,8 @@ def _compute(state: TrainState, device: torch.device) -> Compute:
         per_row = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), toks[:, 1:].flatten(),
                                                     reduction="none").view(len(toks), -1).mean(1)
         (per_row.sum() * weight).backward()
+        if sleep_per_row and rows:
+            time.sleep(sleep_per_row * len(rows))
         return weight * float(per_row.detach().double().sum())
 
     return compute
