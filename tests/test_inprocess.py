@@ -115,6 +115,41 @@ def test_root_cause_prefers_a_death_over_the_collective_errors_it_caused():
     assert "dead on rank 1" in str(err) and "max_iterations=2" in str(err)
 
 
+def test_a_hang_is_blamed_on_the_rank_stuck_outside_a_collective_not_the_first_waiting_peer_to_report():
+    waiting = {"cause": "hang", "rank": 0, "detail": "waiting in all_reduce", "t": 1.0, "waiting": True}
+    stuck = {"cause": "hang", "rank": 1, "detail": "stuck in inject", "t": 1.01, "waiting": False}
+    assert root_cause([waiting, stuck])["rank"] == 1
+    assert root_cause([waiting, dict(stuck, waiting=True)])["rank"] == 0  # both waiting: the first, as before
+    assert root_cause([dict(waiting, cause="dead"), stuck])["cause"] == "dead"  # a death still comes first
+
+
+@pytest.mark.parametrize("inside", [True, False])
+def test_the_monitor_sees_whether_the_main_thread_waits_in_torch_distributed(tmp_path, inside):
+    """From another thread, as the monitor thread looks: the main thread blocked in a function of a file under
+    ``torch/distributed/`` is waiting on a peer; blocked anywhere else, it is stuck itself."""
+    import importlib.util
+
+    from nvrx_lab.inprocess.where import main_thread_at
+
+    folder = tmp_path / ("torch/distributed" if inside else "mine")
+    folder.mkdir(parents=True)
+    (folder / "blocking.py").write_text("def all_reduce(event):\n    event.wait(10)\n")
+    spec = importlib.util.spec_from_file_location("blocking", folder / "blocking.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    seen, release = [], threading.Event()
+
+    def look():
+        time.sleep(0.3)
+        seen.append(main_thread_at())
+        release.set()
+
+    threading.Thread(target=look, daemon=True).start()
+    module.all_reduce(release)
+    ((waiting, where),) = seen
+    assert waiting is inside and where.startswith("all_reduce (blocking.py:2)") is inside, where
+
+
 # -- interrupting the main thread (this process) ------------------------------------------------
 @pytest.mark.parametrize("blocking", ["sleep", "socket"])
 def test_signal_interrupts_sleep_and_blocking_read(blocking):

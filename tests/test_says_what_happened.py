@@ -49,6 +49,9 @@ def test_the_readme_inprocess_command_resumes_says_so_and_reruns_truly(tmp_path,
     assert [round(f.recovery_s, 2) for f in report.faults] == said  # one figure per fault, console and GOODPUT
     assert goodput_line(out)["back_median_s"] == pytest.approx(statistics.median(said), abs=0.006)
     assert report.causes == {"exception": 1, "hang": 1}  # once per restart, not once per rank
+    # the hung rank is named, not its peer waiting for it in the collective (which stopped pinging too)
+    assert re.search(r"RESTART attempt 1: hang on rank 1: no ping for [\d.]+ s \(soft_timeout 3.0 s\), stuck in inject", out), \
+        [ln for ln in out.splitlines() if "RESTART" in ln]
 
     again = run_group(readme_inprocess(tmp_path, port), timeout=120)  # the same command: the run is done
     assert again.returncode == 0, again.stdout[-3000:]

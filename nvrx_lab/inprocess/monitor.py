@@ -11,7 +11,8 @@ Every ``interval`` seconds it
 * while an attempt is armed: looks at the attempt's end (a local flag, set by a
   :class:`~.watch.KeyWatch` when ``it/<n>/end`` appears — no store operation per tick), and checks
   the rank's own progress — no :meth:`~.call_wrapper.CallWrapper.ping` for ``soft_timeout`` s is
-  reported as a ``hang`` (which ends the attempt for everyone);
+  reported as a ``hang`` (which ends the attempt for everyone), with where the main thread stands (:mod:`.where`);
+  a rank nearly as late when another's hang ends the attempt reports too, so the stuck rank is named;
 * on a fault: waits for any :meth:`~.call_wrapper.CallWrapper.atomic` section to end, runs the
   abort policy (unblocks collectives, see :mod:`.interrupt`) and signals the main thread, again
   every ``resend`` s while the main thread is still inside the function.
@@ -28,6 +29,11 @@ from .monitor_process import Progress
 from .state import State
 from .store import RestartStore
 from .watch import Watched
+from .where import main_thread_at
+
+HANG_TOO = 0.8
+"""A rank whose last ping is this fraction of the soft timeout old when another's hang ends the attempt reports its own
+(ranks in lock-step stop pinging within moments of each other; a healthy one computing is not that late)."""
 
 
 @dataclass(frozen=True)
@@ -111,15 +117,12 @@ class MonitorThread(threading.Thread):
                     continue
                 if not self.interrupting:
                     if end.is_set() and self._ended_by_fault(state, end):
+                        self._also_hung(state, now)
                         self._interrupt(state)
                         last_signal = time.monotonic()
                     elif (not self._hang_reported and not self.atomic_depth
                           and now - self.last_ping > cfg.soft_timeout):
-                        self._hang_reported = True
-                        self.store.report_fault(state.iteration, self.rank, "hang",
-                                                f"no ping for {now - self.last_ping:.2f} s "
-                                                f"(soft_timeout {cfg.soft_timeout} s)",
-                                                time.time() - (now - self.last_ping))
+                        self._report_hang(state, now)
                 elif self.interrupter.armed and now - last_signal > cfg.resend:
                     self.interrupter.interrupt(self.interrupter.reason)
                     last_signal = now
@@ -127,6 +130,24 @@ class MonitorThread(threading.Thread):
                 self.error = e
                 if self._stop_event.wait(0.5):
                     return
+
+    def _report_hang(self, state: State, now: float) -> None:
+        """This rank's hang, saying where its main thread stands (:mod:`.where`): waiting on a peer, or stuck itself."""
+        self._hang_reported = True
+        waiting, where = main_thread_at()
+        self.store.report_fault(state.iteration, self.rank, "hang",
+                                f"no ping for {now - self.last_ping:.2f} s (soft_timeout {self.settings.soft_timeout} s), "
+                                f"{'waiting in' if waiting else 'stuck in'} {where}",
+                                time.time() - (now - self.last_ping), waiting=waiting)
+
+    def _also_hung(self, state: State, now: float) -> None:
+        """Another rank's hang ended the attempt, and this one has not pinged for most of the soft timeout either: it
+        reports too, so that the rank stuck outside a collective is named (.restart_log.root_cause), not the first
+        peer waiting for it in one to notice."""
+        if self._hang_reported or self.atomic_depth or now - self.last_ping < HANG_TOO * self.settings.soft_timeout:
+            return
+        if any(f["cause"] == "hang" for f in self.store.faults(state.iteration)):
+            self._report_hang(state, now)
 
     def _ended_by_fault(self, state: State, end: Watched) -> bool:
         """Read once per attempt: ``done`` (every rank returned) is no fault; a failed wait is."""

@@ -18,13 +18,14 @@ from dataclasses import dataclass, field
 
 CAUSE_PRIORITY = {"hard_timeout": 0, "dead": 1, "unhealthy": 2, "hang": 3, "exception": 4}
 """Several ranks may report one fault (a SIGKILL also breaks the peers' collectives): the root
-cause is the report with the best priority here, then the earliest."""
+cause is the report with the best priority here, then a hang of a rank not waiting in a collective
+(the peers waiting for it report one too), then the earliest."""
 
 
 def root_cause(faults: list[dict]) -> dict:
     if not faults:
         return {"cause": "unknown", "rank": -1, "detail": "", "t": None}
-    return min(faults, key=lambda f: (CAUSE_PRIORITY.get(f["cause"], 9), f["t"]))
+    return min(faults, key=lambda f: (CAUSE_PRIORITY.get(f["cause"], 9), bool(f.get("waiting")), f["t"]))
 
 
 @dataclass

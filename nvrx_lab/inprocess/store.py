@@ -175,10 +175,14 @@ class RestartStore:
         return {r: json.loads(v) for r, v in zip(dead, values, strict=True)}
 
     # -- faults and the end of an attempt --------------------------------------------------------
-    def report_fault(self, iteration: int, rank: int, cause: str, detail: str, t: float | None = None) -> None:
-        """Add a fault report to attempt ``iteration`` (one ``append``) and end the attempt."""
+    def report_fault(self, iteration: int, rank: int, cause: str, detail: str, t: float | None = None,
+                     waiting: bool | None = None) -> None:
+        """Add a fault report to attempt ``iteration`` (one ``append``) and end the attempt; ``waiting``: a hang's
+        rank sat in a ``torch.distributed`` call (waiting on a peer, :mod:`.where`)."""
         record = {"iteration": iteration, "rank": rank, "cause": cause, "detail": detail[:2000],
                   "t": time.time() if t is None else t}
+        if waiting is not None:
+            record["waiting"] = waiting
         self.client.append(f"it/{iteration}/faults", json.dumps(record) + "\n")
         self.client.compare_set(self.end_key(iteration), "", "fault")
 
