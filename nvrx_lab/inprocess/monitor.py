@@ -20,6 +20,7 @@ Every ``interval`` seconds it
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -146,8 +147,12 @@ class MonitorThread(threading.Thread):
         peer waiting for it in one to notice."""
         if self._hang_reported or self.atomic_depth or now - self.last_ping < HANG_TOO * self.settings.soft_timeout:
             return
-        if any(f["cause"] == "hang" for f in self.store.faults(state.iteration)):
-            self._report_hang(state, now)
+        try:
+            if any(f["cause"] == "hang" for f in self.store.faults(state.iteration)):
+                self._report_hang(state, now)
+        except Exception as e:  # a courtesy to the restart log: the interrupt that follows goes out whatever happens
+            print(f"[nvrx_lab.inprocess] rank {self.rank}: its own hang report was not added ({type(e).__name__}: {e}); "
+                  "the first report names the hang", file=sys.stderr, flush=True)
 
     def _ended_by_fault(self, state: State, end: Watched) -> bool:
         """Read once per attempt: ``done`` (every rank returned) is no fault; a failed wait is."""
