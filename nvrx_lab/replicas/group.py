@@ -147,8 +147,10 @@ class ReplicaGroup:
                 self._parent.close()
                 self._parent = None
         self.waited_s = time.monotonic() - t0
-        if "error" in self._made:
-            raise StepAborted(f"quorum {self.qid}: the members could not meet ({self._made['error']})")
+        if "error" in self._made:  # a wait of the group's own, bounded by the same timeout, may end first
+            late = (f": it took longer than the data plane's timeout ({self.timeout_s:.0f} s, --replica-timeout)"
+                    if "timeout" in str(self._made["error"]).lower() else "")
+            raise StepAborted(f"quorum {self.qid}: the members could not meet{late} ({self._made['error']})")
         self.pg = self._made.pop("pg")
         return self
 
