@@ -136,7 +136,10 @@ def test_validate_reports_every_violation_with_its_path():
     (dict(pg_timeout=300), "pg_timeout", "longest section timeout (600 s)"),
     (dict(pg_timeout=0, mode="baseline"), "pg_timeout", "> 0"),
     (dict(rdzv_read_timeout=0), "rdzv_read_timeout", ">= 1"),
-    (dict(rdzv_keep_alive_s=0.5), "rdzv_keep_alive_s", ">= 1"),
+    (dict(rdzv_keep_alive_s=0.1), "rdzv_keep_alive_s", "(0.3 s) must be at least 2 x poll_interval (0.4 s)"),
+    (dict(rdzv_poll_s=2), "rdzv_poll_s", "poll_interval seconds from 0.01 to 1"),
+    (dict(rdzv_poll_s="0.2"), "rdzv_poll_s", "allowed: seconds, or None"),
+    (dict(nodes=1024, rdzv_keep_alive_s=1), "rdzv_keep_alive_s", "273 MB/s on index 0's store; allowed: >= 1.4 s"),
     (dict(node_lost_toleration_s=600), "node_lost_toleration_s", "0..300"),
     (dict(nccl_trace_buffer=-1), "nccl_trace_buffer", "0 (off)"),
     (dict(train_extra=("--pg-timeout", "5")), "train_extra", "--pg-timeout"),
@@ -178,7 +181,7 @@ def test_rank0_and_node_rank_for_any_node_count(nodes, mode):
         if MODES[mode].uses_launcher:
             assert "--rdzv-endpoint=llama-ft-0.llama-ft:29400" in args
             assert (f"--rdzv-conf=is_host={int(index == 0)},join_timeout=1800,read_timeout=600,rejoin_read_timeout=60,"
-                    "keep_alive_interval=1") in args
+                    "keep_alive_interval=0.5,poll_interval=0.2") in args
         else:
             assert f"--node-rank={index}" in args and "--master-addr=llama-ft-0.llama-ft" in args
             assert "--rdzv-conf=timeout=1800" in args

@@ -46,7 +46,7 @@ def test_index_0_starts_65_s_late_and_the_job_still_trains(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_the_rendered_read_timeout_is_what_waits(tmp_path):
-    short, _ = _late_run(tmp_path / "short", "ft_launcher", 25, rdzv_read_timeout=3)
+    short, _ = _late_run(tmp_path / "short", "ft_launcher", 25, rdzv_read_timeout=3, rdzv_rejoin_read_timeout=3)
     assert short.ok and short.failures >= 1 and short.pods[1].returncodes[0] != 0, [p.returncodes for p in short.pods]
     _trained_without_a_retry(*_late_run(tmp_path / "long", "ft_launcher", 25, rdzv_read_timeout=60))
 

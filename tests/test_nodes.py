@@ -14,8 +14,7 @@ from nvrx_lab.reliability.trainer import curve_problem
 @pytest.mark.timeout(180)
 def test_lost_node_is_replaced_and_training_resumes_with_nothing_left_running(tmp_path):
     a = nodes.parse(["--nodes", "2", "--nproc", "1", "--node", "1", "--kinds", "node-loss", "--faults-per-kind", "1",
-                     "--first-step", "3", "--gap", "3", "--ckpt-interval", "2", "--job-timeout", "120",
-                     "--rdzv-conf", "keep_alive_interval=1"])  # a dead node leaves the rendezvous after 3 s, not 15
+                     "--first-step", "3", "--gap", "3", "--ckpt-interval", "2", "--job-timeout", "120"])
     job = nodes.run_job("launcher", "node-loss", a, tmp_path / "job")  # every process of the Job killed on the way out
     log = "\n".join(job["restart_log"])
     assert job["error"] is None, job["error"]

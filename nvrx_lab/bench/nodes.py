@@ -87,7 +87,7 @@ def job_spec(restart: str, kind: str, a, name: str, memory: Path) -> JobSpec:
 def with_rdzv_conf(manifests: list[dict], conf: str) -> list[dict]:
     """``manifests`` whose container script puts the c10d settings ``conf`` after its own ``--rdzv-conf`` values,
     which they override (the last of a key wins), e.g. ``keep_alive_interval=5`` (torch's own: a lost node leaves the
-    rendezvous after 15 s; the manifests' ``JobSpec.rdzv_keep_alive_s`` is 1 s)."""
+    rendezvous after 15 s; the manifests' ``JobSpec.rdzv_keep_alive_s`` is 0.5 s up to 620 nodes)."""
     cont = find(manifests, "Job")[0]["spec"]["template"]["spec"]["containers"][0]
     if not any('--rdzv-conf="' in arg for arg in [*cont.get("command", []), *cont.get("args", [])]):
         raise ValueError("rdzv_conf: the Job's script has no --rdzv-conf (a mode without the launcher)")
@@ -211,6 +211,11 @@ def sources(resumed: list[str | None]) -> str:
     return ", ".join(f"{s} {resumed.count(s)}" for s in sorted({str(s) for s in resumed})) or "-"
 
 
+def _median(xs: list[float]) -> float | str:
+    """The median, or "-" where the row has none (a lost node's own launcher detects nothing: it is gone)."""
+    return median(xs) if xs else "-"
+
+
 def run_row(restart: str, kind: str, a, tmp: Path) -> dict:
     jobs = []
     for j in range(a.jobs):
@@ -219,8 +224,9 @@ def run_row(restart: str, kind: str, a, tmp: Path) -> dict:
     rec = [r for job in jobs for r in job["recovery"] if r is not None]
     injected = sum(job["injected"] for job in jobs)
     row = {"restart": restart, "fault": kind, "injected": injected, "recovered": f"{len(rec)}/{injected}",
-           "median_s": median(rec), "p95_s": p95(rec), "detect_s": median([d for job in jobs for d in job["detect"]]),
-           "respawn_s": median([d for job in jobs for d in job["respawn"]]),
+           "median_s": median(rec), "p95_s": p95(rec), "detect_s": _median([d for job in jobs for d in job["detect"]]),
+           "respawn_s": _median([d for job in jobs for d in job["respawn"]]),
+           "recovery_s": [None if r is None else round(r, 2) for job in jobs for r in job["recovery"]],
            "pod_failures": sum(job["pod_failures"] for job in jobs),
            "job": "ok" if not any(job["error"] for job in jobs) else "FAILED",
            "left_running": sum(len(job["left"]) for job in jobs), "wall_s": sum(job["wall_s"] for job in jobs),

@@ -237,16 +237,29 @@ def _check_launcher(s: JobSpec) -> None:
                             "collective would time out while the launcher still waits; allowed: >= the section timeouts"
                             + ("" if "checkpoint" in c.section_timeouts else f" (a save of {s.model} on this FSx takes "
                                f"{save_seconds(s):,.0f} s: fsx_mbps_per_tib or fsx_capacity_gib make it shorter)"))
-    for f in ("rdzv_join_timeout", "rdzv_read_timeout", "rdzv_rejoin_read_timeout", "rdzv_keep_alive_s"):
+    for f in ("rdzv_join_timeout", "rdzv_read_timeout", "rdzv_rejoin_read_timeout"):
         if isinstance(getattr(s, f), bool) or not isinstance(getattr(s, f), int) or getattr(s, f) < 1:
             _fail(f, f"{getattr(s, f)!r}; allowed: whole seconds >= 1")
     if s.rdzv_rejoin_read_timeout > s.rdzv_read_timeout:
         _fail("rdzv_rejoin_read_timeout", f"{s.rdzv_rejoin_read_timeout} s is longer than rdzv_read_timeout "
                                           f"({s.rdzv_read_timeout} s); allowed: 1..{s.rdzv_read_timeout}")
+    _check_rendezvous(s)
     if s.backoff_limit is not None and s.backoff_limit < 0:
         _fail("backoff_limit", f"must be >= 0 or None, got {s.backoff_limit}")
     if s.ttl_after_finished_s < 0 or s.termination_grace_s < 0:
         _fail("ttl_after_finished_s" if s.ttl_after_finished_s < 0 else "termination_grace_s", "must be >= 0")
+
+
+def _check_rendezvous(s: JobSpec) -> None:
+    """The keep-alive and the poll: numbers the launcher takes, within what index 0's store carries."""
+    from nvrx_lab.sizing import problem
+
+    for f in ("rdzv_keep_alive_s", "rdzv_poll_s"):
+        value = getattr(s, f)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            _fail(f, f"{value!r}; allowed: seconds, or None (chosen from the job's size)")
+    if (found := problem(s.nodes + s.spare_nodes, *s.rdzv_timing)) is not None:
+        _fail(*found)
 
 
 def _check_environment(s: JobSpec) -> None:

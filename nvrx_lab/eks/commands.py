@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import shlex
 from dataclasses import dataclass
 from typing import ClassVar
@@ -72,7 +73,7 @@ def launch_head(s: JobSpec) -> PodTorchrun | Launcher:
     common = dict(nnodes="${NNODES}", nproc_per_node="${NPROC_PER_NODE}")
     if s.mode_info.replicated:  # the group's own c10d rendezvous: torchrun replaces its workers in the pod
         conf = (f"is_host=${{IS_RDZV_HOST}},join_timeout={s.rdzv_join_timeout},read_timeout={s.rdzv_read_timeout},"
-                f"keep_alive_interval={s.rdzv_keep_alive_s}")
+                f"keep_alive_interval={math.ceil(s.rdzv_timing[0])}")  # torchrun's parser: whole seconds
         return PodTorchrun(**common, rdzv_backend="c10d", rdzv_endpoint="${RANK0_HOST}:${RDZV_PORT}", rdzv_id=s.name,
                            rdzv_conf=conf, max_restarts=s.launcher.max_restarts,
                            monitor_interval=s.launcher.monitor_interval)
@@ -80,7 +81,8 @@ def launch_head(s: JobSpec) -> PodTorchrun | Launcher:
         return PodTorchrun(**common, node_rank="${JOB_COMPLETION_INDEX}", master_addr="${RANK0_HOST}",
                            master_port="${MASTER_PORT}", rdzv_conf=f"timeout={s.rdzv_join_timeout}", max_restarts=0)
     conf = (f"is_host=${{IS_RDZV_HOST}},join_timeout={s.rdzv_join_timeout},read_timeout={s.rdzv_read_timeout},"
-            f"rejoin_read_timeout={s.rdzv_rejoin_read_timeout},keep_alive_interval={s.rdzv_keep_alive_s}")
+            f"rejoin_read_timeout={s.rdzv_rejoin_read_timeout},keep_alive_interval={s.rdzv_timing[0]:g},"
+            f"poll_interval={s.rdzv_timing[1]:g}")
     on_line = {name: getattr(s.launcher, name) for name in COMMAND_LINE}
     return Launcher(**common, rdzv_backend="c10d", rdzv_endpoint="${RANK0_HOST}:${RDZV_PORT}", rdzv_id=s.name,
                     rdzv_conf=conf, local_addr="${NODE_ADDR}",
@@ -146,7 +148,8 @@ def _launcher_why(s: JobSpec) -> dict[str, str]:
                        "(image pulls), and torch's 60 s read timeout would give up on a late index 0; once joined, the "
                        "short rejoin timeout: a vanished index 0 is waited for that long, then the others wait for its "
                        "replacement and rejoin in their pods; a lost node leaves the rendezvous after 3 keep-alive "
-                       "intervals (torch's 15 s)",
+                       "intervals (torch's 15 s), and a waiting node reads the round every poll_interval (torch's 1 s): "
+                       "a hot spare's takeover",
         "--local-addr": "sorts like the completion index (c10d numbers nodes in this order): node rank = index; pods "
                         "beyond --nnodes (hot spares) wait in the rendezvous and take a lost node's place",
         "--mark-node": "this pod's node (downward API): labelled and tainted if a health check fails, so the "

@@ -132,10 +132,15 @@ class JobSpec(Sizes):
     rdzv_rejoin_read_timeout: int = 60
     """The same once a rendezvous completed: a vanished index 0 is waited for that long, then its replacement's store,
     and the others rejoin in their pods (:mod:`nvrx_lab.launcher.rejoin`); at most ``rdzv_read_timeout``."""
-    rdzv_keep_alive_s: int = 1
-    """Launcher modes: c10d's ``keep_alive_interval``: a lost node's agent leaves the rendezvous after 3 of them
-    (torch's 5 s: 15 s of every lost node's recovery; 1 s: a lost node recovered in 6.5 s, ``bench nodes``). Each
-    pod's agent rewrites the rendezvous state this often: raise it for jobs of hundreds of nodes."""
+    rdzv_keep_alive_s: float | None = None
+    """Launcher modes: c10d's ``keep_alive_interval``: a lost node leaves the rendezvous 3 of them after its last beat
+    (torch's 5 s: 15 s of every lost node's recovery), most of a hot spare's takeover. None: 0.5 s, longer above 392
+    nodes (:mod:`nvrx_lab.sizing`: every beat moves the whole state through index 0's store). Mode
+    ``replicas`` (torchrun's parser): whole seconds, rounded up."""
+    rdzv_poll_s: float | None = None
+    """Launcher modes: how often a node reads the rendezvous state while a round forms (torch's 1 s;
+    :func:`nvrx_lab.launcher.rounds.poll_every`): a spare's takeover waits for two reads. None: 0.2 s, longer above
+    392 nodes."""
     launcher: LauncherConfig = field(default_factory=pod_launcher)
     """The launcher's settings in the launcher modes (:class:`~nvrx_lab.launcher.config.LauncherConfig`, the one the
     launcher's own CLI reads), :func:`pod_launcher`'s by default; its ``restart_policy`` is the mode's. Rendered as
@@ -198,6 +203,13 @@ class JobSpec(Sizes):
     @property
     def instance(self) -> InstanceType:
         return instance_type(self.instance_type)
+
+    @property
+    def rdzv_timing(self) -> tuple[float, float]:
+        """The rendezvous keep-alive and poll, seconds (:func:`nvrx_lab.sizing.for_nodes`)."""
+        from nvrx_lab.sizing import for_nodes
+
+        return for_nodes(self.nodes + self.spare_nodes, self.rdzv_keep_alive_s, self.rdzv_poll_s)
 
     @property
     def mode_info(self) -> Mode:

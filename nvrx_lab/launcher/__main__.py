@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.run import config_from_args
 
     from nvrx_lab.launcher.policy import make_policy
+    from nvrx_lab.sizing import timing
 
     if args.standalone:  # as torchrun does
         args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
@@ -50,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         args.master_port = 29500
     try:
         config, cmd, cmd_args = config_from_args(args)
+        timing(config.rdzv_configs)
         policy = make_policy(settings.restart_policy, config.nproc_per_node, settings.min_healthy)
     except (ValueError, AssertionError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -91,11 +93,11 @@ def _rendezvous(config: LaunchConfig) -> tuple[RendezvousParameters, str, int]:
 def _launch(config: LaunchConfig, cmd: str, cmd_args: list[str], settings: LauncherConfig,
             policy: RestartPolicy) -> int:
     """Monitors (and the standby zygote) in a private directory, then our agent until the workers are done."""
-    import torch.distributed.elastic.rendezvous.registry as rdzv_registry
     from torch.distributed.elastic.agent.server.api import WorkerSpec
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.rendezvous import RendezvousClosedError
 
+    from nvrx_lab.launcher import rounds
     from nvrx_lab.launcher.agent import HeartbeatAgent
     from nvrx_lab.launcher.monitor import MonitorServer
     from nvrx_lab.launcher.progress import ProgressTracker
@@ -118,7 +120,7 @@ def _launch(config: LaunchConfig, cmd: str, cmd_args: list[str], settings: Launc
     checks = _health(settings)
     try:
         for rejoin in range(config.max_restarts + 1):
-            rdzv_handler = rdzv_registry.get_rendezvous_handler(params)
+            rdzv_handler = rounds.handler(params)
             if (short := rejoin_timeout(params.config)) is not None:
                 shorten_after_rendezvous(rdzv_handler, short)
             spec = WorkerSpec(role=config.role, local_world_size=config.nproc_per_node, entrypoint=cmd,
