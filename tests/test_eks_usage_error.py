@@ -74,3 +74,21 @@ def test_the_torchrun_wrapper_changes_exit_2_only():
     other = _torchrun("/bin/sh", "-c", "exit 3")
     assert other.returncode == 1 and "ChildFailedError" in other.stderr  # torchrun's own outcome, traceback and all
     assert _torchrun("/bin/sh", "-c", "exit 0").returncode == 0
+
+
+@pytest.mark.timeout(200)
+def test_a_job_that_never_commits_stops_after_three_attempts_and_the_job_fails_not_retried(tmp_path):
+    """Every attempt fails before its first checkpoint (every 5 steps; faults at steps 2, 3, 4): the launcher stops with
+    its no-progress code (4) after 2 restarts, and the rendered ``podFailurePolicy`` fails the Job at once: no pod is
+    retried, nothing counts against ``backoffLimit``."""
+    s = JobSpec(name="stuck", image="i", nodes=2, mode="ft_launcher", workload="job", steps=12, global_batch=16,
+                ckpt_interval=5, faults="1:2:exception,1:3:exception,1:4:exception", heartbeat_timeout=30,
+                initial_heartbeat_timeout=60, monitor_interval=0.2,
+                train_extra=("--seq-len", "16", "--dim", "32", "--n-layers", "1", "--n-heads", "2", "--hidden-dim", "64"))
+    assert s.backoff >= 6 and s.launcher.max_restarts > 2  # retries and restarts were there to spend
+    run = local_run(render(s), workdir=tmp_path, timeout_s=180)
+    logs = "\n".join(run.log(p.index) for p in run.pods)
+    assert run.status == "Failed" and run.failures == 0, f"{run.status} {run.reason}\n{logs[-3000:]}"
+    assert all(len(p.logs) == 1 for p in run.pods), [p.returncodes for p in run.pods]  # one attempt per pod
+    assert 4 in [c for p in run.pods for c in p.returncodes], [p.returncodes for p in run.pods]
+    assert "3 attempts in a row ended without committing a newer checkpoint" in logs, logs[-3000:]
