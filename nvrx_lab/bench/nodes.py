@@ -72,11 +72,11 @@ def job_spec(restart: str, kind: str, a, name: str, memory: Path) -> JobSpec:
     checkpoints, node I keeps them in ``memory/node-I`` (its ``/dev/shm``: nodes on one box share the real one)."""
     rank = a.node * a.nproc + (1 if kind == "sigkill" else 0)
     faults = ",".join(f"{rank}:{s}:{kind}" for s in fault_steps(a)) if kind in ("hang", "sigkill") else ""
-    local = ("--local-ckpt-dir", str(memory / "node-{node}")) if a.local_ckpt_interval else ()
-    sleep = ("--step-sleep", f"{a.step_sleep:g}") if a.step_sleep else ()
+    extra = (*TINY, *(("--local-ckpt-dir", str(memory / "node-{node}")) if a.local_ckpt_interval else ()),
+             *(("--step-sleep", f"{a.step_sleep:g}") if a.step_sleep else ()))
     spec = JobSpec(name=name, image="local", nodes=a.nodes, spare_nodes=int(kind.endswith(("+spare", "+checks"))),
                    mode=MODES[restart], workload="job", steps=fault_steps(a)[-1] + a.gap, mark_unhealthy_nodes=False,
-                   ckpt_interval=a.ckpt_interval, faults=faults, train_extra=(*TINY, *local, *sleep), max_restarts=3 * a.faults + 3,
+                   ckpt_interval=a.ckpt_interval, faults=faults, train_extra=extra, max_restarts=3 * a.faults + 3,
                    heartbeat_timeout=a.heartbeat_timeout, initial_heartbeat_timeout=60, monitor_interval=0.2,
                    section_timeouts={"checkpoint": 30}, local_ckpt_interval=a.local_ckpt_interval,
                    local_ckpt_gib=1 if a.local_ckpt_interval else 0)
@@ -212,8 +212,7 @@ def sources(resumed: list[str | None]) -> str:
     return ", ".join(f"{s} {resumed.count(s)}" for s in sorted({str(s) for s in resumed})) or "-"
 
 
-def _median(xs: list[float]) -> float | str:
-    """The median, or "-" where the row has none (a lost node's own launcher detects nothing: it is gone)."""
+def _median(xs: list[float]) -> float | str:  # "-": none (a lost node's own launcher detects nothing: it is gone)
     return median(xs) if xs else "-"
 
 
@@ -257,9 +256,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--ckpt-interval", type=int, default=3)
     ap.add_argument("--local-ckpt-interval", type=int, default=0,
                     help="the trainer's --local-ckpt-interval (0: off); a lost node loses its memory folder too")
-    ap.add_argument("--step-sleep", type=float, default=0.0,
-                    help="the trainer's --step-sleep: seconds added to every step (a job's step is seconds, the tiny "
-                         "model's 15 ms; restarts and rollbacks are priced in steps)")
+    ap.add_argument("--step-sleep", type=float, default=0.0, help="the trainer's --step-sleep: seconds added to every "
+                    "step (a job's step is seconds, the tiny model's 15 ms: restarts and rollbacks are priced in steps)")
     ap.add_argument("--heartbeat-timeout", type=float, default=3.0, help="the launcher's steady heartbeat timeout (s)")
     ap.add_argument("--replace-after", type=float, default=0.0,
                     help="seconds before a lost node's replacement pod starts (EKS: minutes to place and start it); 0: at once")
