@@ -45,8 +45,8 @@ def poll_every(made, poll: float) -> None:
     """``made`` reads the rendezvous state every ``poll`` seconds while a round forms, where torch reads it once a second:
     two private settings of torch 2.x, its executor's fixed ``_delay(seconds=1)`` between reads (replaced in this
     process: the launcher holds one handler) and its state holder's one-second cache. Each read is one store request
-    for the whole state (about 60 bytes a node): N nodes read N / ``poll`` times a second, only while a round
-    forms. ``RuntimeError`` when this torch has neither (the setting would do nothing)."""
+    for the whole state (about 130 bytes a node, :mod:`nvrx_lab.sizing`): N nodes read N / ``poll`` times a second,
+    only while a round forms. ``RuntimeError`` when this torch lacks either (the setting would do nothing)."""
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
     holder, torch_delay = getattr(made, "_state_holder", None), getattr(dynamic_rendezvous, "_delay", None)
