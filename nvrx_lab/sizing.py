@@ -170,7 +170,7 @@ def problem(nodes: int, keep_alive_s: float, poll_s: float) -> tuple[str, str] |
     """``(field, what is wrong)`` for settings the launcher would refuse or the store could not carry, else None."""
     try:
         timing({"keep_alive_interval": keep_alive_s, "keep_alive_max_attempt": KEEP_ALIVE_ATTEMPTS,
-                         "poll_interval": poll_s})
+                "poll_interval": poll_s})
     except ValueError as e:
         return ("rdzv_poll_s" if not 0.01 <= poll_s <= TORCH_POLL_S else "rdzv_keep_alive_s"), f"{e} (as rendered)"
     for name, every in (("rdzv_keep_alive_s", keep_alive_s), ("rdzv_poll_s", poll_s)):

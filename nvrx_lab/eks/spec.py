@@ -134,7 +134,7 @@ class JobSpec(Sizes):
     and the others rejoin in their pods (:mod:`nvrx_lab.launcher.rejoin`); at most ``rdzv_read_timeout``."""
     rdzv_keep_alive_s: float | None = None
     """Launcher modes: c10d's ``keep_alive_interval``: a lost node leaves the rendezvous 3 of them after its last beat
-    (torch's 5 s: 15 s of every lost node's recovery), most of a hot spare's takeover. None: 0.5 s, longer above 392
+    (torch's 5 s: 15 s of every lost node's recovery), most of a hot spare's takeover. None: 0.5 s, longer above 620
     nodes (:mod:`nvrx_lab.sizing`: every beat moves the whole state through index 0's store). Mode
     ``replicas`` (torchrun's parser): whole seconds, rounded up."""
     rdzv_poll_s: float | None = None
