@@ -55,6 +55,25 @@ def test_rendezvous_decides_once_with_constant_operations_per_rank(store_port):
     assert not any(c.calls["check"] > 1 for c in ranks.clients)  # nobody loops over the others' keys
 
 
+@pytest.mark.timeout(120)
+def test_the_first_protocols_poll_reads_every_ranks_keys_whatever_the_polls_count():
+    """What notebook 07 compares: the first protocol's operations a rank per rendezvous poll grow with N (2 N + 1
+    keys a poll), however many times the threads happened to poll."""
+    from nvrx_lab.bench.scale import legacy_restart
+
+    per_poll = {}
+    for n in (8, 32):
+        port = free_port()
+        server = host(port)
+        ranks = Ranks(n, port)
+        row = legacy_restart(ranks, timeout=30)
+        ranks.join(10)
+        del server
+        assert row["polls_per_rank"] >= 1, row
+        per_poll[n] = row["store_ops_per_restart"] / n / row["polls_per_rank"]
+    assert per_poll[32] > 1.5 * per_poll[8], per_poll
+
+
 def test_a_decision_reads_as_the_assignment_it_encodes():
     """Spares are ``None``, ranks outside the attempt are not keys, and a rank reads its own entry directly."""
     assignment = {0: 1, 2: 0, 3: None, 5: 2}

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from dataclasses import dataclass, field
 
 from nvrx_lab.inprocess.rank_assignment import ShiftRanks
 from nvrx_lab.net import wait_for
@@ -35,11 +36,15 @@ def _report(c, n: int, rank: int) -> None:
     c.set(f"it/{n}/fault/{k}", json.dumps({"iteration": n, "rank": rank, "cause": "exception", "detail": "", "t": 0}))
 
 
-def _rendezvous(c, n: int, me: int, previous: dict, timeout: float) -> dict:
+def _rendezvous(c, n: int, me: int, previous: dict, timeout: float, polls: list | None = None) -> dict:
+    """``polls``, when given, gets how many times this rank polled (each poll reads 2 N + 1 keys)."""
     expected = set(previous)
     c.set(f"rdzv/{n}/arrived/{me}", "1")
+    count = 0
 
     def ready():
+        nonlocal count
+        count += 1
         key = f"rdzv/{n}/members"
         if c.check([key]):
             return json.loads(c.get(key))
@@ -52,19 +57,31 @@ def _rendezvous(c, n: int, me: int, previous: dict, timeout: float) -> dict:
         proposal = json.dumps({"members": survivors, "assignment": {str(k): v for k, v in assignment.items()}})
         return json.loads(c.compare_set(key, "", proposal))
 
-    return wait_for(ready, timeout, f"legacy rendezvous {n}", interval=RENDEZVOUS_POLL)
+    decision = wait_for(ready, timeout, f"legacy rendezvous {n}", interval=RENDEZVOUS_POLL)
+    if polls is not None:
+        polls.append(count)
+    return decision
 
 
-def restart_rank(c, me: int, n: int, previous: dict, faulty: int, go: threading.Barrier, t0: list,
-                 timeout: float) -> float:
-    go.wait()
+@dataclass
+class Restart:
+    """What the simulated ranks of one restart share: the start line, when the fault was reported, and
+    how many times each rank polled the rendezvous."""
+
+    go: threading.Barrier
+    t0: list = field(default_factory=list)
+    polls: list = field(default_factory=list)
+
+
+def restart_rank(c, me: int, n: int, previous: dict, faulty: int, shared: Restart, timeout: float) -> float:
+    shared.go.wait()
     if me == faulty:
-        t0.append(time.monotonic())
+        shared.t0.append(time.monotonic())
         _report(c, n, me)
     wait_for(lambda: c.check([f"it/{n}/fault/0"]), timeout, "the fault", interval=MONITOR_INTERVAL)
     _faults(c, n)  # the monitor's reason
     _faults(c, n)  # _record
-    _rendezvous(c, n + 1, me, previous, timeout)
+    _rendezvous(c, n + 1, me, previous, timeout, shared.polls)
     _faults(c, n)  # _record again
     return time.monotonic()
 

@@ -58,9 +58,10 @@ def legacy_restart(ranks: Ranks, timeout: float) -> dict:
     rendezvous0_s = time.monotonic() - t
     ranks.reset()
     identity = {r: r for r in range(n)}
-    go, t0 = threading.Barrier(n), []
-    ends = ranks.run(lambda r: legacy.restart_rank(ranks.clients[r], r, 0, identity, n - 1, go, t0, timeout), timeout)
-    return {"restart_s": max(ends) - t0[0], "store_ops_per_restart": ranks.ops(), "rendezvous0_s": rendezvous0_s}
+    shared = legacy.Restart(threading.Barrier(n))
+    ends = ranks.run(lambda r: legacy.restart_rank(ranks.clients[r], r, 0, identity, n - 1, shared, timeout), timeout)
+    return {"restart_s": max(ends) - shared.t0[0], "store_ops_per_restart": ranks.ops(), "rendezvous0_s": rendezvous0_s,
+            "polls_per_rank": sum(shared.polls) / n}
 
 
 def legacy_heartbeats(ranks: Ranks, interval: float, sample: int = 4) -> dict:
@@ -154,9 +155,12 @@ def main(argv: list[str] | None = None) -> int:
                 row = {"ranks": n, "protocol": protocol, "error": f"{type(e).__name__}: {e}"[:300]}
             row["wall_s"] = time.monotonic() - t
             rows.append(row)
-            restart = (f"restart {row['restart_s']:.3f} s, {row['store_ops_per_restart']} store ops" if "restart_s" in row
-                       else f"restart not run (O(N^2): above --legacy-max-ranks {a.legacy_max_ranks})"
-                       if protocol == "legacy" and n > a.legacy_max_ranks else "restart -")
+            if "restart_s" in row:
+                restart = f"restart {row['restart_s']:.3f} s, {row['store_ops_per_restart']} store ops"
+            elif protocol == "legacy" and n > a.legacy_max_ranks:
+                restart = f"restart not run (O(N^2): above --legacy-max-ranks {a.legacy_max_ranks})"
+            else:
+                restart = "restart -"
             print(f"[scale] {n:5d} ranks {protocol:6s} {restart}; heartbeats {row.get('heartbeat_store_ops_per_s', '-')}"
                   f" ops/s; commit {row.get('commit_fs_ops_per_save', '-')} fs ops, idle step "
                   f"{row.get('idle_step_fs_ops', '-')} {row.get('error', '')}", flush=True)
@@ -165,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     report("scale", rows, a.out, "python -m nvrx_lab.bench scale " + shlex.join(argv),
            extra={"heartbeat_interval_s": a.heartbeat_interval},
            columns=["ranks", "protocol", "restart_s", "store_ops_per_restart", "ops_per_rank",
-                    "heartbeat_store_ops_per_s", "judge_ms", "commit_fs_ops_per_save", "idle_step_fs_ops",
+                    "polls_per_rank", "heartbeat_store_ops_per_s", "judge_ms", "commit_fs_ops_per_save", "idle_step_fs_ops",
                     "straggler_report_ms", "straggler_bytes_per_rank", "rendezvous0_s", "processes", "connect_s",
                     "quorum_ms", "quorum_p95_ms", "msgs_in_per_replica_step", "msgs_out_per_replica_step",
                     "coordinator_cpu_ms_per_step", "wall_s", "error"])
