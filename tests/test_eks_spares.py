@@ -55,7 +55,9 @@ def test_spares_outside_the_launchers_rendezvous_are_refused_naming_the_field(ba
 
 @pytest.mark.timeout(300)
 def test_a_spare_takes_a_lost_nodes_place_before_its_replacement_pod_starts(tmp_path):
-    s = spec(mode="ft_launcher", steps=60, global_batch=16, ckpt_interval=5, train_extra=TINY,
+    # 0.1 s steps: the node is lost at step 12 with seconds of training left, whatever the box's load (at the tiny
+    # model's 25 ms the job once finished its 60 steps before the loss landed)
+    s = spec(mode="ft_launcher", steps=60, global_batch=16, ckpt_interval=5, train_extra=(*TINY, "--step-sleep", "0.1"),
              initial_heartbeat_timeout=60, heartbeat_timeout=30, monitor_interval=0.2, section_timeouts={"checkpoint": 30})
     options = LocalOptions(workdir=tmp_path, timeout_s=280, start_after_s={2: 3.0}, replace_after_s=REPLACE_AFTER_S)
     with LocalJob(render(s), options) as job:  # index 2 starts last: the first round is full without it
@@ -63,6 +65,7 @@ def test_a_spare_takes_a_lost_nodes_place_before_its_replacement_pod_starts(tmp_
         wait_for(lambda: job.poll() or max((e["step"] for e in _steps(events)), default=0) >= 12, 150, "step 12",
                  interval=0.1)
         lost = job.lose_node(1)
+        assert max(e["step"] for e in _steps(events)) < 50, "the node was lost too near the end to need a spare"
         wait_for(lambda: job.poll() or bool(_steps(events, lost)), 60, "training after the loss", interval=0.1)
         back = _steps(events, lost)[0]["t"] - lost
         wait_for(job.poll, 200, "the Job to end", interval=0.1)

@@ -183,7 +183,9 @@ def test_cutting_sockets_unblocks_a_gloo_collective_but_pg_abort_does_not():
 def test_exception_and_hangs_restart_every_rank_in_process(tmp_path):
     faults = "1:0:5:exception,0:1:8:hang,1:2:11:hang_socket"
     prefix = tmp_path / "fr" / "rank_"  # each abort dumps the rank's flight recorder first (torch's naming)
-    rc, out = run_job(WORKER, 2, worker_args(tmp_path, faults, "--steps", "16"), timeout=80,
+    # the soft timeout (2 s) ends these hangs; the hard one only guards a frozen rank, and at 4 s it once killed both
+    # ranks in their first restart (abort, dump, collection) beside CI's other worker and two busy loops
+    rc, out = run_job(WORKER, 2, worker_args(tmp_path, faults, "--steps", "16", "--hard-timeout", "10"), timeout=80,
                       env={"TORCH_FR_BUFFER_SIZE": "64", "TORCH_FR_DUMP_TEMP_FILE": str(prefix)})
     assert rc == 0, out
     assert out.count(f"flight recorder: {prefix}0") == 3, out  # in each RESTART line of rank 0
@@ -221,6 +223,8 @@ def test_dead_store_host_and_frozen_rank_are_dropped_and_ranks_refilled(tmp_path
     # meet without rank 2 once it is dead, always attributes the restart to it.
     causes = [(r["cause"], r["fault_rank"]) for r in restarts]
     assert causes == [("dead", 0), ("hard_timeout", 2)], restarts
+    killer = "[nvrx_lab.inprocess] rank 2's monitor process, attempt 1: no progress for "  # the kill, said as it happens
+    assert sum(line.startswith(killer) and line.endswith("> hard_timeout 4.0 s; killed") for line in out.splitlines()) == 1
     assert restarts[0]["world_size"] == 2 and restarts[0]["new_rank"] == 1  # FillGaps: 1 keeps 1, 2 fills 0
     (done,) = read_events(ev, "done")
     assert done["rank"] == 1 and done["world_size"] == 1 and done["step"] == 12

@@ -37,6 +37,7 @@ import mmap
 import os
 import signal
 import struct
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -195,9 +196,7 @@ def start(cfg: ProcessSettings) -> tuple[MonitorProcess, Progress]:
                     pass
         code = _run(cfg, progress, parent)
     except BaseException:
-        import traceback
-
-        traceback.print_exc()
+        __import__("traceback").print_exc()
     finally:
         os._exit(code)
 
@@ -230,9 +229,10 @@ def _run(cfg: ProcessSettings, progress: Progress, parent_pid: int) -> int:
         elif armed and time.monotonic() - last > cfg.hard_timeout:
             os.kill(parent_pid, signal.SIGKILL)
             parent_gone = True
-            _report_dead(client, cfg.rank, iteration, "hard_timeout",
-                         f"no progress for {time.monotonic() - last:.1f} s > hard_timeout {cfg.hard_timeout} s; killed",
-                         cfg.world_size, cfg.policy)
+            detail = f"no progress for {time.monotonic() - last:.1f} s > hard_timeout {cfg.hard_timeout} s; killed"
+            print(f"[nvrx_lab.inprocess] rank {cfg.rank}'s monitor process, attempt {iteration}: {detail}", file=sys.stderr,
+                  flush=True)  # said here too: where every rank is killed no survivor's RESTART line says it
+            _report_dead(client, cfg.rank, iteration, "hard_timeout", detail, cfg.world_size, cfg.policy)
         elif finished:
             parent_gone = True
     client.leave(cfg.rank)
