@@ -6,7 +6,7 @@ small child process (forked at start, so it needs no second ``import torch``) th
 
 * **hard timeout** — reads the rank's last progress time from shared memory (``memfd``, written
   by ``ping`` and by the wrapper's own phases); if none for ``hard_timeout`` while armed, it
-  SIGKILLs the rank, then reports it dead so the others continue without it;
+  SIGKILLs the rank, says so on stderr, then reports it dead so the others continue without it;
 * **death notice** — polls ``getppid()``; when the rank is gone (SIGKILL, OOM kill) without
   having finished, it writes ``dead/<rank>`` and a fault report for the current attempt, so peers
   learn in tens of milliseconds instead of waiting out the heartbeat timeout;
@@ -39,6 +39,8 @@ import signal
 import struct
 import sys
 import time
+import traceback
+from contextlib import suppress
 from dataclasses import dataclass, field
 
 from nvrx_lab.net import wait_for
@@ -190,13 +192,11 @@ def start(cfg: ProcessSettings) -> tuple[MonitorProcess, Progress]:
         for name in os.listdir("/proc/self/fd"):
             fd = int(name)
             if fd not in keep:
-                try:
+                with suppress(OSError):
                     os.close(fd)
-                except OSError:
-                    pass
         code = _run(cfg, progress, parent)
     except BaseException:
-        __import__("traceback").print_exc()
+        traceback.print_exc()
     finally:
         os._exit(code)
 
