@@ -12,20 +12,20 @@ attempt, and without a health check it rejoins each round. Three kinds, one Job 
   spare takes its place; its replacement pod lands on a healthy node (on EKS: the marked node's taint and affinity),
   so the bench stops striking once the bad pod has exited 5.
 
-The kill is the bench's, not the trainer's: a fault bound to a node, not to a rank (a spare takes over the rank).
+The kill is the bench's, not the trainer's: a fault bound to a node, not to a rank (a spare takes over the rank). The
+first one is armed in the trainer's schedule: the bad node's worker pauses at its step until the bench has killed it
+(:func:`~nvrx_lab.eks.local_roles.hold`), so a fast run cannot pass the step before the bench looks.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import time
 from pathlib import Path
 
-import psutil
-
 from nvrx_lab.eks.local import LocalJob
+from nvrx_lab.eks.local_roles import describe, held, hold, node_ranks, trainers
 from nvrx_lab.exit_codes import UNHEALTHY
 from nvrx_lab.net import wait_for
 from nvrx_lab.observe.events import read_events
@@ -48,44 +48,60 @@ def node_trees(workdir: Path, pods: int) -> dict[int, dict[str, str]]:
     return {i: {"NVRX_LAB_HEALTH_SYSFS": port_tree(workdir / "sys" / f"node-{i}", True)} for i in range(pods)}
 
 
-def trainers_of(job: LocalJob, index: int, events: Path, since: float) -> list[int]:
-    """Pids of the trainers pod ``index`` runs that started after ``since`` (their ``start`` events)."""
-    pod = job.run.pods[index]
-    if pod.proc is None or pod.proc.poll() is not None or not events.exists():
-        return []
-    started = {e["pid"] for e in read_events(events, "start") if e["t"] > since and "pid" in e}
-    with contextlib.suppress(psutil.NoSuchProcess):
-        return sorted(started & {c.pid for c in psutil.Process(pod.proc.pid).children(recursive=True)})
-    return []
-
-
 def _steps(events: Path, since: float) -> list[int]:
     return [e["step"] for e in read_events(events, "step") if e["rank"] == 0 and e["t"] > since] if events.exists() else []
 
 
-def strike(job: LocalJob, events: Path, a, kind: str, over) -> list[float]:
-    """Kill a worker of the bad node ``a.node`` at step ``a.first_step``, then (``repeat`` kinds) ``a.gap`` steps into
-    every attempt it trains in, until the Job is ``over()`` or the node left (exit 5); returns the kill times."""
-    bad, kills = a.node, []
+def first_hold(a) -> str:
+    """The trainer's fault that arms the first strike: the last rank of node rank ``a.node`` held at step
+    ``a.first_step`` (:func:`~nvrx_lab.eks.local_roles.hold`) until the bench kills it."""
+    return hold(a.node * a.nproc + a.nproc - 1, [a.first_step])
+
+
+def strike(job: LocalJob, events: Path, a, kind: str, over) -> tuple[list[float], dict[int, int]]:
+    """Kill the bad node's worker held at step ``a.first_step`` (:func:`first_hold`), then (``repeat``) ``a.gap`` steps into
+    every attempt it trains in, until the Job is ``over()`` or the node left (exit 5); returns the kill times and the
+    first round's roles (pod -> node rank, :func:`~nvrx_lab.eks.local_roles.node_ranks`), said in one line. The bad
+    node is a role: the pod that holds node rank ``a.node`` in the first round (the rendezvous decides by arrival
+    which pods train and which waits as the spare)."""
+    kills: list[float] = []
+    roles: dict[int, int] = {}
+    bad = -1
+
+    def kill(pid: int) -> None:
+        if kind == "repeat+checks":  # NVML/sysfs see it before its launcher's next round looks
+            port_tree(Path(job.run.pods[bad].env["NVRX_LAB_HEALTH_SYSFS"]), up=False)
+        os.kill(pid, signal.SIGKILL)  # the GPU fell off the bus: its process dies
+        kills.append(time.time())
 
     def finished() -> bool:
         """One look: strike if it is due; True once nothing is left to strike."""
+        nonlocal bad, roles
         if over() or (kills and kind == "once"):
             return True
-        if kills and UNHEALTHY in job.run.pods[bad].returncodes:  # it left: its replacement (just started) lands on
-            port_tree(Path(job.run.pods[bad].env["NVRX_LAB_HEALTH_SYSFS"]), up=True)  # a healthy node
+        if not kills:  # the first strike: the held worker's fault event says it is due
+            if (fault := held(events)) is None:
+                return False
+            roles = node_ranks(job, events, a.nproc)
+            bad = next(i for i, r in roles.items() if r == a.node)
+            print(f"[nodes] {kind}: roles in the first round: {describe(roles, len(job.run.pods))}; the bad node is "
+                  f"node rank {a.node} (pod {bad})", flush=True)
+            pid = next((pid for pid, rank in trainers(job, bad, events) if rank == fault["rank"]), None)
+            if pid is None:
+                raise RuntimeError(f"rank {fault['rank']}, held at step {a.first_step}, is gone before its kill "
+                                   f"(its launcher restarted it: raise --heartbeat-timeout?)")
+            kill(pid)
+            return False
+        if UNHEALTHY in job.run.pods[bad].returncodes:  # it left: its replacement (just started) lands on a healthy node
+            port_tree(Path(job.run.pods[bad].env["NVRX_LAB_HEALTH_SYSFS"]), up=True)
             return True
-        since = kills[-1] if kills else 0.0
-        pids, done = trainers_of(job, bad, events, since), _steps(events, since)
-        if pids and ((done and done[-1] >= a.first_step) if not kills else len(done) >= a.gap):
-            os.kill(pids[-1], signal.SIGKILL)  # the GPU fell off the bus: its process dies
-            kills.append(time.time())
-            if kind == "repeat+checks":
-                port_tree(Path(job.run.pods[bad].env["NVRX_LAB_HEALTH_SYSFS"]), up=False)  # NVML/sysfs see it now
+        pids = [pid for pid, _ in trainers(job, bad, events, kills[-1])]
+        if pids and len(_steps(events, kills[-1])) >= a.gap:  # polled: a run may finish first (the bench's repeat only)
+            kill(pids[-1])
         return False
 
     wait_for(finished, float("inf"), "the bad node's faults", interval=0.1)  # over() bounds it (the Job's deadline)
-    return kills
+    return kills, roles
 
 
 def trained(events: list[dict]) -> dict:

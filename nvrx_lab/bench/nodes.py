@@ -8,8 +8,10 @@ The rendered Job (:func:`nvrx_lab.eks.render.render`, modes ``ft_launcher`` and 
 :class:`nvrx_lab.eks.local.LocalJob` (the Job controller's rules, ``podFailurePolicy`` included; every process of
 the Job tagged by :mod:`nvrx_lab.bench._procs`): one pod = one ``python -m nvrx_lab.launcher`` agent with
 ``--nproc-per-node 2`` workers of the tiny trainer, every agent meeting at completion index 0's c10d
-rendezvous endpoint, as on EKS. Faults on node ``--node`` (default 2; node 0 hosts the rendezvous store,
-and losing it fails the whole Job on EKS too):
+rendezvous endpoint, as on EKS. Faults on node rank ``--node`` (default 2; node 0 hosts the rendezvous store,
+and losing it fails the whole Job on EKS too). A node rank is a role, not a pod: the rendezvous decides by arrival
+which pods train, and a hot spare may hold any rank, so the pod is looked up in the round that trains
+(:mod:`nvrx_lab.eks.local_roles`) and the run says which pod had which role:
 
 * ``hang`` — its first rank hangs (the trainer's ``--faults RANK:STEP:hang``): missed heartbeats;
 * ``sigkill`` — its second rank SIGKILLs itself (``RANK:STEP:sigkill``);
@@ -27,7 +29,6 @@ log lines of each Job are kept in the JSON (``restart_log``); the table shows th
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import re
 import shlex
@@ -36,13 +37,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import psutil
-
 from nvrx_lab.bench import _offender as offender
 from nvrx_lab.bench._procs import TAG_VAR, leftovers, new_tag
 from nvrx_lab.cli import Parser
 from nvrx_lab.eks import JobSpec, LocalRun, render
 from nvrx_lab.eks.local import LocalJob, LocalOptions
+from nvrx_lab.eks.local_roles import describe, held, hold, node_ranks
 from nvrx_lab.eks.render import find
 from nvrx_lab.exit_codes import UNHEALTHY
 from nvrx_lab.net import wait_for
@@ -71,7 +71,8 @@ def job_spec(restart: str, kind: str, a, name: str, memory: Path) -> JobSpec:
     """The Job of one run: ``a.faults`` faults of ``kind`` on node ``a.node``, ``a.gap`` steps apart; with local
     checkpoints, node I keeps them in ``memory/node-I`` (its ``/dev/shm``: nodes on one box share the real one)."""
     rank = a.node * a.nproc + (1 if kind == "sigkill" else 0)
-    faults = ",".join(f"{rank}:{s}:{kind}" for s in fault_steps(a)) if kind in ("hang", "sigkill") else ""
+    faults = ",".join(f"{rank}:{s}:{kind}" for s in fault_steps(a)) if kind in ("hang", "sigkill") else \
+        offender.first_hold(a) if kind in offender.KINDS else hold(rank, fault_steps(a))  # node-loss: held, then lost
     extra = (*TINY, *(("--local-ckpt-dir", str(memory / "node-{node}")) if a.local_ckpt_interval else ()),
              *(("--step-sleep", f"{a.step_sleep:g}") if a.step_sleep else ()))
     spec = JobSpec(name=name, image="local", nodes=a.nodes, spare_nodes=int(kind.endswith(("+spare", "+checks"))),
@@ -119,38 +120,23 @@ def log_lines(run: LocalRun, *marks: str) -> list[str]:
             for line in path.read_text(errors="replace").splitlines() if any(m in line for m in marks)]
 
 
-def _steps_after(events: Path, t: float) -> list[dict]:
-    return [e for e in read_events(events) if e["kind"] == "step" and e["rank"] == 0 and e["t"] > t] \
-        if events.exists() else []
-
-
-def training_pod(job: LocalJob, events: Path, a, since: float) -> int:
-    """The pod to lose: ``a.node``; with hot spares, the pod that hosts a trainer of the round now training (the
-    ``start`` events' pids since ``since``) other than index 0 (it hosts the store), as a spare may have taken
-    ``a.node``'s place."""
-    if len(job.run.pods) == a.nodes:
-        return a.node
-    pids = {e["pid"] for e in read_events(events) if e["kind"] == "start" and e["t"] > since and "pid" in e}
-    for pod in job.run.pods[1:]:
-        if pod.proc is not None and pod.proc.poll() is None:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                if pids & {c.pid for c in psutil.Process(pod.proc.pid).children(recursive=True)}:
-                    return pod.index
-    return a.node
-
-
 def strike(job: LocalJob, events: Path, a, memory: Path, deadline: float) -> None:
-    """Lose node ``a.node`` (and its memory) at each fault step (once training is past it again after the previous
-    loss), all before the monotonic ``deadline``; with hot spares, a node that trains (:func:`training_pod`)."""
+    """Lose node rank ``a.node`` (its pod and its memory) at each fault step, all before the monotonic ``deadline``:
+    its rank is held at the step (:func:`~nvrx_lab.eks.local_roles.hold`) until its node is lost, so no run passes
+    the step first. Node rank is a role: the rendezvous decides by arrival which pods train (a spare may hold it, or
+    have taken its place), so its pod is looked up in the round that trains, and the line says the roles."""
     since = 0.0
     for step in fault_steps(a):
-        def reached() -> bool:
+        def due() -> bool:
             if over(job):
-                raise JobFailed(f"the Job ended before step {step} was reached again")  # noqa: B023
-            return any(e["step"] >= step for e in _steps_after(events, since))  # noqa: B023
+                raise JobFailed(f"the Job ended before node rank {a.node} was held at step {step}")  # noqa: B023
+            return held(events, step) is not None  # noqa: B023
 
-        wait_for(reached, deadline - time.monotonic(), f"training to reach step {step}", interval=0.05)
-        node = training_pod(job, events, a, since)
+        wait_for(due, deadline - time.monotonic(), f"node rank {a.node} held at step {step}", interval=0.05)
+        ranks = node_ranks(job, events, a.nproc, since)
+        node = next(i for i, r in ranks.items() if r == a.node)
+        print(f"[nodes] losing node rank {a.node} (pod {node}) at step {step}: {describe(ranks, len(job.run.pods))}",
+              flush=True)
         since = job.lose_node(node, wipe=[memory / f"node-{node}"])
 
 
@@ -177,7 +163,7 @@ def run_job(restart: str, kind: str, a, workdir: Path) -> dict:
     options = LocalOptions(workdir=workdir, max_procs_per_node=a.nproc, extra_env={TAG_VAR: tag}, max_nodes=a.nodes + spare,
                            replace_after_s=a.replace_after, start_after_s={a.nodes: SPARE_AFTER_S} if spare else {},
                            pod_env=offender.node_trees(workdir, a.nodes + spare))
-    t0, error, kills = time.monotonic(), None, []
+    t0, error, kills, roles = time.monotonic(), None, [], {}
     deadline = t0 + a.job_timeout
     with LocalJob(manifests, options) as job:
         events = job.run.local_path(f"/fsx/{name}/metrics.jsonl")
@@ -185,7 +171,7 @@ def run_job(restart: str, kind: str, a, workdir: Path) -> dict:
             if kind.startswith("node-loss"):
                 strike(job, events, a, memory, deadline)
             if kind in offender.KINDS:
-                kills = offender.strike(job, events, a, kind, lambda: over(job) or time.monotonic() > deadline)
+                kills, roles = offender.strike(job, events, a, kind, lambda: over(job) or time.monotonic() > deadline)
             wait_for(lambda: over(job), deadline - time.monotonic(), "every pod to exit 0", interval=0.1)
         except JobFailed as e:
             error = str(e)
@@ -204,7 +190,8 @@ def run_job(restart: str, kind: str, a, workdir: Path) -> dict:
             "detect": [e["detect_s"] for e in ev if e["kind"] == "launcher_failure" and e.get("detect_s")],
             "respawn": [e["respawn_s"] for e in ev if e["kind"] == "launcher_restart" and e.get("respawn_s")],
             "left": left, "error": error, "restart_log": lines, "wall_s": time.monotonic() - t0, "events": events,
-            "trained": offender.trained(ev), "unhealthy_exits": job.run.pods[a.node].returncodes.count(UNHEALTHY)}
+            "trained": offender.trained(ev), "roles": roles,
+            "unhealthy_exits": sum(job.run.pods[i].returncodes.count(UNHEALTHY) for i, r in roles.items() if r == a.node)}
 
 
 def sources(resumed: list[str | None]) -> str:
@@ -250,7 +237,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--restarts", nargs="+", default=list(MODES), choices=list(MODES), help="the trainer's --restart")
     ap.add_argument("--nodes", type=int, default=4, help="pods (agents), one per node")
     ap.add_argument("--nproc", type=int, default=2, help="workers per node")
-    ap.add_argument("--node", type=int, default=2, help="the node that faults (not 0: it hosts the rendezvous store)")
+    ap.add_argument("--node", type=int, default=2,
+                    help="the node rank that faults, in the round that trains (not 0: it hosts the rendezvous store)")
     ap.add_argument("--first-step", type=int, default=6, help="step of the first fault")
     ap.add_argument("--gap", type=int, default=8, help="steps between faults")
     ap.add_argument("--ckpt-interval", type=int, default=3)

@@ -118,10 +118,12 @@ class HeartbeatAgent(LocalElasticAgent):
             self.restart_log.health(self.health())
         t0 = time.monotonic()
         super()._rendezvous(worker_group)
-        if not self.admitted and (number := round_number(self._rdzv_handler)):  # a later round: someone's place
-            self.restart_log.say(f"rendezvous: admitted as node {worker_group.group_rank} of {worker_group.group_world_size} "
-                                 f"in round {number}, after {time.monotonic() - t0:.1f} s waiting: a hot spare (or a "
-                                 "replacement pod) taking a lost node's place")
+        number = round_number(self._rdzv_handler)
+        rank, world = worker_group.group_rank, worker_group.group_world_size
+        if not self.admitted and number is not None and (number or world > 1):  # this node's role, said once: arrival
+            admitted = f"rendezvous: admitted as node {rank} of {world} in round {number}"  # decides who trains
+            self.restart_log.say(f"{admitted}, after {time.monotonic() - t0:.1f} s waiting: a hot spare (or a replacement "
+                                 "pod) taking a lost node's place" if number else admitted)
         self.admitted = True
         store = worker_group.store  # prefixed with this round's number by the c10d handler
         if worker_group.group_rank == 0:
