@@ -50,13 +50,21 @@ workbook: $(STAMP)
 
 # The whole suite: unit and multi-process tests and every notebook under nbval, two files at a time (each
 # file's tests, a notebook's cells, in order in one worker); every test must pass under that load anyway.
+# pytest's temp folders go in a folder of this run's own: another pytest session on the box (another clone's make
+# test) deletes all but the newest three of /tmp/pytest-of-$$USER, this run's files included (seen: a job whose
+# checkpoints vanished mid-run). Kept where a test failed, and said.
 test: $(STAMP)
-	NVRX_LAB_SMOKE=1 $(PY) -m pytest tests notebooks $(NBVAL) -q -m "not slow" -n 2 --dist loadfile --durations=25
+	@tmp=$$(mktemp -d /tmp/nvrx-test.XXXXXX); \
+	NVRX_LAB_SMOKE=1 $(PY) -m pytest tests notebooks $(NBVAL) -q -m "not slow" -n 2 --dist loadfile --durations=25 \
+		--basetemp=$$tmp/t; rc=$$?; \
+	if [ $$rc = 0 ]; then rm -rf $$tmp; else echo "the failed tests' folders: $$tmp/t"; fi; exit $$rc
 
 # The long end-to-end runs and the variants of those make test runs once per mechanism (a node lost under the
 # launcher, index 0 starting late, the other fault kinds and modes, the repeats): `pytest -m slow`.
 test-slow: $(STAMP)
-	NVRX_LAB_SMOKE=1 $(PY) -m pytest tests -q -m slow
+	@tmp=$$(mktemp -d /tmp/nvrx-test.XXXXXX); \
+	NVRX_LAB_SMOKE=1 $(PY) -m pytest tests -q -m slow --basetemp=$$tmp/t; rc=$$?; \
+	if [ $$rc = 0 ]; then rm -rf $$tmp; else echo "the failed tests' folders: $$tmp/t"; fi; exit $$rc
 
 # The peers extra (NVRx 0.4.1, torchft 0.2.0) in the same environment, the tests of every peer row, then every benchmark at
 # quick size with its peers side by side (tables on stdout, JSON under build/bench/).

@@ -51,7 +51,8 @@ from nvrx_lab.observe.table import median, p95, report
 
 KINDS = ("hang", "sigkill", "node-loss", "node-loss+spare", *offender.KINDS)
 SPARE_AFTER_S = 3.0
-"""``node-loss+spare``: the spare pod starts this long after the others, so the first round is full without it."""
+"""``node-loss+spare``: the spare pod starts this long after the others, as pods of a real job start apart; nothing
+relies on the order (a node is struck by the role it holds, :mod:`nvrx_lab.eks.local_roles`)."""
 MODES = {"launcher": "ft_launcher", "launcher+inprocess": "ft_launcher+inprocess"}
 """The trainer's ``--restart`` -> the rendered Job's mode."""
 TINY = ("--seq-len", "16", "--dim", "32", "--n-layers", "1", "--n-heads", "2", "--hidden-dim", "64", "--log-every", "1")
