@@ -23,8 +23,10 @@ from nvrx_lab.inprocess.interrupt import MainThreadInterrupter, RankShouldRestar
 from nvrx_lab.inprocess.launch import Launch
 from nvrx_lab.inprocess.monitor import ThreadSettings
 from nvrx_lab.inprocess.restart_log import root_cause
+from nvrx_lab.inprocess.where import main_thread_at
+from nvrx_lab.net import wait_for
 from nvrx_lab.observe.events import read_events
-from nvrx_lab.reliability.restarts import inprocess_soak
+from nvrx_lab.reliability.restarts import inprocess_soak, inprocess_soak_limits
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ["-m", "nvrx_lab.demo.inprocess_worker"]
@@ -123,13 +125,21 @@ def test_a_hang_is_blamed_on_the_rank_stuck_outside_a_collective_not_the_first_w
     assert root_cause([dict(waiting, cause="dead"), stuck])["cause"] == "dead"  # a death still comes first
 
 
+def main_thread_below(code) -> bool:
+    """The main thread is in a call that a frame running ``code`` made (e.g. the wait ``code`` blocks in)."""
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    if frame is None or frame.f_code is code:
+        return False
+    while frame is not None and frame.f_code is not code:
+        frame = frame.f_back
+    return frame is not None
+
+
 @pytest.mark.parametrize("inside", [True, False])
 def test_the_monitor_sees_whether_the_main_thread_waits_in_torch_distributed(tmp_path, inside):
     """From another thread, as the monitor thread looks: the main thread blocked in a function of a file under
     ``torch/distributed/`` is waiting on a peer; blocked anywhere else, it is stuck itself."""
     import importlib.util
-
-    from nvrx_lab.inprocess.where import main_thread_at
 
     folder = tmp_path / ("torch/distributed" if inside else "mine")
     folder.mkdir(parents=True)
@@ -140,7 +150,7 @@ def test_the_monitor_sees_whether_the_main_thread_waits_in_torch_distributed(tmp
     seen, release = [], threading.Event()
 
     def look():
-        time.sleep(0.3)
+        wait_for(lambda: main_thread_below(module.all_reduce.__code__), 30, "the main thread to wait in all_reduce")
         seen.append(main_thread_at())
         release.set()
 
@@ -151,16 +161,27 @@ def test_the_monitor_sees_whether_the_main_thread_waits_in_torch_distributed(tmp
 
 
 # -- interrupting the main thread (this process) ------------------------------------------------
+def block(blocking: str, sock: socket.socket) -> None:
+    time.sleep(30) if blocking == "sleep" else sock.recv(1)
+
+
 @pytest.mark.parametrize("blocking", ["sleep", "socket"])
 def test_signal_interrupts_sleep_and_blocking_read(blocking):
     it = MainThreadInterrupter()
     a, b = socket.socketpair()
+    a.settimeout(30)  # never interrupted: a timeout error, not RankShouldRestart
+
+    def interrupt_once_blocked():
+        # block() calls no Python code: the main thread is in its sleep or recv once it stands in block()
+        wait_for(lambda: main_thread_at()[1].startswith("block ("), 30, "the main thread to block")
+        it.interrupt("test")
+
     try:
-        threading.Timer(0.3, it.interrupt, args=("test",)).start()
-        it.armed = True
+        it.armed = True  # before the interrupt can come: an unarmed one is ignored
+        threading.Thread(target=interrupt_once_blocked, daemon=True).start()
         t0 = time.monotonic()
         with pytest.raises(RankShouldRestart):
-            time.sleep(30) if blocking == "sleep" else a.recv(1)
+            block(blocking, a)
         assert time.monotonic() - t0 < 5
     finally:
         it.restore()
@@ -181,7 +202,10 @@ def test_cutting_sockets_unblocks_a_gloo_collective_but_pg_abort_does_not():
 # -- end to end ---------------------------------------------------------------------------------
 @pytest.mark.timeout(90)
 def test_exception_and_hangs_restart_every_rank_in_process(tmp_path):
-    faults = "1:0:5:exception,0:1:8:hang,1:2:11:hang_socket"
+    # Rank 0 saves step 5 (10) last in its loop turn 4 (9), before it enters the all_reduce of turn 5 (10): a fault
+    # on rank 1 at turn 6 (11) comes after that all_reduce, so the next attempt resumes from step 5 (10) whatever the
+    # timing. At turn 5 it could interrupt rank 0 before the save (then attempt 1 began at step 1).
+    faults = "1:0:6:exception,0:1:8:hang,1:2:11:hang_socket"
     prefix = tmp_path / "fr" / "rank_"  # each abort dumps the rank's flight recorder first (torch's naming)
     # the soft timeout (2 s) ends these hangs; the hard one only guards a frozen rank, and at 4 s it once killed both
     # ranks in their first restart (abort, dump, collection) beside CI's other worker and two busy loops
@@ -245,10 +269,14 @@ def test_lost_node_by_heartbeat_then_min_world_size_error_lists_every_restart(tm
     assert time.monotonic() - t0 < 45  # the store host does not linger for a dead rank
 
 
-@pytest.mark.timeout(150)
+SOAK_RESTARTS = 100
+
+
+@pytest.mark.timeout(inprocess_soak_limits(SOAK_RESTARTS)[1] + 30)  # the soak's own bound, then 30 s to judge the run
 def test_100_restarts_leak_nothing_then_max_iterations_stops(tmp_path):
     """Rank 1 raises in every attempt: 100 restarts in the same processes, then the limit; threads
-    and fds flat, RSS within +5 %, every restart logged, nothing left running (the reliability case)."""
-    row = inprocess_soak(tmp_path, restarts=100)
+    and fds flat, RSS within +5 %, every restart logged, nothing left running (the reliability case).
+    The soak stops its job itself: an overrun fails here with its figures, never at this test's timeout."""
+    row = inprocess_soak(tmp_path, restarts=SOAK_RESTARTS)
     assert row.ok, (row.failures, row.figures)
-    assert row.figures["restarts_logged"] == 100
+    assert row.figures["restarts_logged"] == SOAK_RESTARTS

@@ -166,21 +166,31 @@ def test_heartbeats_are_judged_once_by_the_store_host(store_port):
     assert host_store.faults(0)[0]["rank"] == 5 and host_store.end(0) == "fault"
 
 
+class LookedAt(Progress):
+    """A shared page that counts how often the monitor thread looks at the monitor process's last beat."""
+
+    looks = 0
+
+    @property
+    def last_beat(self) -> float:
+        self.looks += 1
+        return super().last_beat
+
+
 @pytest.mark.timeout(60)
 def test_the_monitor_thread_beats_only_when_its_monitor_process_has_stopped(store_port):
     """One beat a rank reaches the store: the monitor process's, noted in the shared page. The thread stands in
     once those notes are two intervals old (the process is gone), so a rank looks dead only when both stop."""
     client = CountingClient(connect("127.0.0.1", store_port))
-    page, interrupter = Progress(), MainThreadInterrupter()
+    page, interrupter = LookedAt(), MainThreadInterrupter()
     monitor = MonitorThread(RestartStore(client), 3, interrupter, lambda state: None,
                             ThreadSettings(soft_timeout=60.0, heartbeat_interval=0.05, interval=0.005), page=page)
+    page._put("beat", time.monotonic() + 3600)  # the monitor process beats (its last beat never gets old here)
     monitor.start()
     try:
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < 0.5:  # the monitor process beats
-            page._put("beat", time.monotonic())
-            time.sleep(0.02)
+        wait_for(lambda: page.looks >= 3, 30, "the monitor thread to look at the process's beats 3 times")
         assert client.calls["add"] == 0
+        page._put("beat", time.monotonic())  # the process's last beat: it stops
         wait_for(lambda: client.calls["add"] >= 3, 5, "the monitor thread's beats once the process stopped")
     finally:
         monitor.stop()

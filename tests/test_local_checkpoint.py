@@ -188,13 +188,23 @@ def test_agreed_step_is_the_newest_every_rank_can_restore():
     assert agreed_step(table, local_world=2) == 7
 
 
-def holder(folder: Path) -> subprocess.Popen:
-    """A process that holds ``folder`` as a rank does (the lock), then sleeps."""
+def holder(folder: Path, released: bool = True) -> subprocess.Popen:
+    """A process that holds ``folder`` as a rank does (the lock), then sleeps; not ``released``: started, and waiting
+    for :func:`release` to take the lock (no interpreter start between the release and the lock)."""
     code = f"import sys, time; sys.path.insert(0, {str(Path(janitor.__file__).parent)!r}); import janitor; " \
+           f"print('ready', flush=True); sys.stdin.readline(); " \
            f"janitor.hold({str(folder)!r}); print('held', flush=True); time.sleep(120)"
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "held"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    if released:
+        release(proc)
     return proc
+
+
+def release(proc: subprocess.Popen) -> None:
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    assert proc.stdout.readline().strip() == "held"
 
 
 def wait_for(predicate, timeout: float) -> bool:
@@ -211,13 +221,14 @@ def test_the_janitor_removes_a_killed_jobs_copies_after_the_grace_and_not_before
     folder = tmp_path / "node"
     saved(folder)
     first = holder(folder)
+    replacement = holder(folder, released=False)  # started now: it only has to take the lock within the grace
     janitor_proc = subprocess.Popen([sys.executable, "-I", janitor.__file__, str(folder), "1.5"],
                                     start_new_session=True)
     try:
         first.kill()  # the whole job SIGKILLed: nobody holds the folder
         first.wait(10)
-        time.sleep(0.6)
-        replacement = holder(folder)  # ...but a replacement comes back within the grace
+        time.sleep(0.6)  # unheld for longer than the janitor's poll (0.5 s), well within the grace
+        release(replacement)  # ...but a replacement comes back within the grace
         time.sleep(3.0)
         assert folder.exists(), "a folder held again within the grace is kept"
         replacement.send_signal(signal.SIGKILL)
@@ -225,7 +236,7 @@ def test_the_janitor_removes_a_killed_jobs_copies_after_the_grace_and_not_before
         assert wait_for(lambda: not folder.exists(), 10), "removed once unheld for the grace period"
         assert janitor_proc.wait(10) == 0
     finally:
-        for proc in (first, janitor_proc):
+        for proc in (first, replacement, janitor_proc):
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(10)

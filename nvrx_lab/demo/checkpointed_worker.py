@@ -7,8 +7,8 @@ in-process Wrapper restarts (the first pattern of :mod:`nvrx_lab.checkpoint`'s d
 
 Rank 1 raises before step 7 of the first attempt. Leaving the ``with`` on that exception abandons the save in
 flight at once (no wait on a writer that would read as a hang); every attempt restores the newest committed
-step; saves run inside ``call_wrapper.atomic()``; closing at the end commits the last save without a false
-restart. Each rank prints ``rank R finished at step 12``.
+step; saves, and the commit of the last one at the end, run inside ``call_wrapper.atomic()`` (no false restart
+however long that commit takes). Each rank prints ``rank R finished at step 12``.
 """
 
 import sys
@@ -31,6 +31,7 @@ def train(cw: CallWrapper, ckpt_dir: str, events: EventLog) -> int:
     with AsyncCheckpointer(ckpt_dir, process_group=dist.group.WORLD, emit=events.emit) as ckpt:
         restored = ckpt.restore(_Stateful(state))
         step = restored.step if restored else 0
+        cw.ping()  # restored: progress (a collective of its own, before the first step's)
         while step < STEPS:
             step += 1
             if (cw.initial_rank, cw.iteration, step) == FAULT:
@@ -44,6 +45,8 @@ def train(cw: CallWrapper, ckpt_dir: str, events: EventLog) -> int:
                 with cw.atomic():
                     ckpt.async_save(dict(state), step=step)
             ckpt.finalize_async_save()
+        with cw.atomic():  # the last save's commit: a restart must not cut it, and it is no hang however long
+            ckpt.finalize_async_save(blocking=True)
     return step
 
 

@@ -62,6 +62,13 @@ class AbortTorchDistributed(Abort):
         return state
 
 
+def prepare_dump() -> None:
+    """Import now what the first dump imports: torch's flight recorder symbolizes its entries' stacks with
+    ``torch._dynamo``, loaded on first use (~10 s on a loaded 2-core box). Inside the first abort that import came
+    before the cut: the rank, and every peer waiting in its collective, stood still until a hard timeout killed one."""
+    import torch._dynamo  # noqa: F401
+
+
 def abort_nccl() -> int:
     """``abort()`` the NCCL backend of every live process group; returns how many were aborted
     (0 without CUDA or without a group)."""

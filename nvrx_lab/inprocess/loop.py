@@ -178,7 +178,8 @@ class RestartLoop:
                 self.interrupter.armed = False
             if state.rank is not None:
                 self.store.mark_done(n, me, len(active))
-            self._await(end, f"all ranks to finish in-process restart attempt {n}", self.cfg.barrier_timeout)
+            # done: waiting on the others is no hang of this rank (theirs are reported by their own monitors)
+            self._await(end, f"all ranks to finish in-process restart attempt {n}", self.cfg.barrier_timeout, cw._touch)
             if end.value is None:
                 end.value = self.store.end(n)
             if end.value == "done":
@@ -186,12 +187,14 @@ class RestartLoop:
                 return "ok", value, None, time.time(), dict(cw.records)
             return "fault", None, None, time.time(), dict(cw.records)
         except RankShouldRestart as e:
+            self.progress.write()  # out of the attempt (a frozen rank never is): the teardown gets a whole hard timeout
             teardown.detach_exception(e)
             return "fault", None, None, time.time(), dict(cw.records)
         except ConfigError:
             raise  # the same on every attempt: no restart mends it
         except Exception as e:
             t = time.time()
+            self.progress.write()  # as above (a collective the abort cut raises this way too)
             self.store.report_fault(n, me, "exception", f"{type(e).__name__}: {e}", t)
             try:
                 self.abort(state)  # cut our sockets: peers blocked with us fail now, not at a timeout

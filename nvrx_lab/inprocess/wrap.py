@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from .abort import AbortTorchDistributed
+from .abort import AbortTorchDistributed, prepare_dump
 from .call_wrapper import GroupSettings
 from .compose import Compose
 from .interrupt import SocketTracker
@@ -156,11 +156,13 @@ class Wrapper:
 
     def bind_abort(self, sockets: SocketTracker, dump_to: str | None = None) -> Callable:
         """Give every :class:`AbortTorchDistributed` in ``abort`` the attempt's socket tracker and where its flight
-        recorder dump goes."""
+        recorder dump goes (then what the dump needs is imported now, not in the first abort: :func:`.abort.prepare_dump`)."""
         policies = self.abort.policies if isinstance(self.abort, Compose) else (self.abort,)
         for p in policies:
             if isinstance(p, AbortTorchDistributed):
                 p.sockets, p.dump_to = sockets, dump_to
+                if dump_to is not None:
+                    prepare_dump()
         return self.abort
 
     def dumped(self) -> dict | None:

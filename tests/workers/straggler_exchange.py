@@ -6,15 +6,33 @@ ended (``ok`` or ``error`` with the exception) and how long it took."""
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
+import linecache
 import os
 import signal
+import sys
+import threading
 import time
 from datetime import timedelta
 
 import torch.distributed as dist
 
+from nvrx_lab.net import wait_for
 from nvrx_lab.straggler import Detector
+
+
+def say_when_waiting(store) -> None:
+    """Set ``exchanging`` once the main thread stands at ``work.wait()`` in ``dist.all_gather`` (its part is sent)."""
+    code = inspect.unwrap(dist.all_gather).__code__
+
+    def waiting() -> bool:
+        frame = sys._current_frames().get(threading.main_thread().ident)
+        return (frame is not None and frame.f_code is code
+                and linecache.getline(code.co_filename, frame.f_lineno).strip() == "work.wait()")
+
+    wait_for(waiting, 60, "rank 0 to wait in the exchange", interval=0.01)
+    store.set("exchanging", "1")
 
 
 def main() -> None:
@@ -28,11 +46,14 @@ def main() -> None:
     detector = Detector(interval=5, threshold=0.7, group=group)
     detector.record([{"compute": 0.01, "forward": 0.004, "optimizer": 0.006}] * 5)
     detector.report(5)  # one good exchange first: the group works
+    store = dist.distributed_c10d._get_default_store()
     if rank == 1 and args.peer != "ok":
-        time.sleep(0.5)  # rank 0 is waiting in the exchange by now
+        store.wait(["exchanging"])  # rank 0 waits in the second exchange
         if args.peer == "die":
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(3600)
+    if rank == 0:
+        threading.Thread(target=say_when_waiting, args=(store,), daemon=True).start()
     t0 = time.perf_counter()
     try:
         detector.report(10)
