@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from nvrx_lab.faults.slowdown import restore, slow_down, spin
+from nvrx_lab.net import wait_for
 from nvrx_lab.replicas.progress import HANG_FLOOR_S, Progress
 
 
@@ -46,7 +47,7 @@ def test_the_limit_is_ten_times_the_longest_gap_of_a_finished_step_at_least_the_
         _step(model, optimizer)
     assert progress.hang_after_s() == HANG_FLOOR_S, "not a finished step yet"
     progress.step_finished()
-    assert progress.hang_after_s() == pytest.approx(10 * 0.4, rel=0.25)
+    assert progress.longest >= 0.4 and progress.hang_after_s() == 10 * progress.longest  # the gap as measured
     assert Progress(model, optimizer, hang_timeout=1.5).hang_after_s() == 1.5
 
 
@@ -61,14 +62,14 @@ def test_a_slow_thread_makes_progress_whether_it_spins_or_sleeps(sleep):
         seen = []
         worker = threading.Thread(target=lambda: [_step(model, optimizer) for _ in range(8)])
         with progress.working():
-            worker.start()
-            for _ in range(6):
-                seen.append(progress.report())
-                time.sleep(0.05)
+            worker.start()  # read as the probe does, until a unit of the slowed worker completes
+            seen.append(progress.report())
+            wait_for(lambda: seen.append(progress.report()) or seen[-1]["ticks"] > seen[0]["ticks"], 60,
+                     "a unit of the slowed worker", interval=0.05)
             worker.join(60)
     finally:
         restore()
-    assert seen[-1]["ticks"] > seen[0]["ticks"] and all(r["working"] for r in seen)
+    assert all(r["working"] for r in seen) and not worker.is_alive()
 
 
 def test_a_hang_that_spins_completes_no_unit():

@@ -15,7 +15,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 import torch
@@ -24,6 +23,7 @@ from conftest import in_process
 from nvrx_lab.faults import parse_schedule
 from nvrx_lab.observe.events import read_events
 from nvrx_lab.replicas import ledger
+from nvrx_lab.replicas.admission import Admission
 from nvrx_lab.replicas.config import ReplicaConfig
 from nvrx_lab.replicas.coordinator import Coordinator
 from nvrx_lab.replicas.fingerprint import fingerprint
@@ -444,30 +444,42 @@ def _said(conn: socket.socket) -> list[dict]:
     return [json.loads(line) for line in buf.splitlines()]
 
 
+def _on_clock(coord: Coordinator) -> list[float]:
+    """The coordinator's admission on a clock of the test's own (``now[0]``, moved by hand): no sleep stands in for
+    the seconds it waits, and the seconds it prints are exact."""
+    now, a = [1000.0], coord.admission
+    coord.admission = Admission(a.expected, a.min_replicas, a.first_quorum_timeout, a.rejoin_s, clock=lambda: now[0])
+    return now
+
+
 def test_the_first_quorum_waits_a_bounded_time_then_starts_with_the_groups_that_came(capsys):
-    coord = Coordinator(3, min_replicas=2, first_quorum_timeout=0.3)
+    coord = Coordinator(3, min_replicas=2, first_quorum_timeout=30)
+    now = _on_clock(coord)
     conns = {r: _founder(coord, r) for r in (0, 1)}
+    now[0] += 29
     coord.check_first_quorum()
     assert coord.quorum is None  # before the timeout it waits for group 2
-    time.sleep(0.35)
+    now[0] += 1
     coord.check_first_quorum()
     assert coord.quorum is not None and coord.quorum.members == (0, 1) and coord.quorum.step == 1
     assert [m["op"] for m in _said(conns[0])] == ["welcome", "quorum"]
     line = capsys.readouterr().err.strip()
     assert line.startswith("[nvrx_lab.replicas] the first quorum starts with replica groups [0, 1] of 3: [2] did not "
-                           "join within 0 s (--first-quorum-timeout 0.3)"), line
+                           "join within 30 s (--first-quorum-timeout 30)"), line
     _founder(coord, 2)  # it comes late: a replacement that heals from a live group, not a founder at step 1
     assert coord.members[2].healing
 
 
 def test_too_few_groups_by_the_first_quorums_timeout_end_the_job_in_one_line(capsys):
-    coord = Coordinator(3, min_replicas=2, first_quorum_timeout=0.2)
+    coord = Coordinator(3, min_replicas=2, first_quorum_timeout=20)
+    now = _on_clock(coord)
     conn = _founder(coord, 0)
-    time.sleep(0.25)
+    now[0] += 20
     coord.check_first_quorum()
     assert coord.quorum is None
     said = _said(conn)
-    assert said[-1]["op"] == "state_lost" and "only 1 of the 3 replica groups ([0]) joined" in said[-1]["why"], said
+    assert said[-1]["op"] == "state_lost" and "only 1 of the 3 replica groups ([0]) joined within 20 s " \
+        "(--first-quorum-timeout 20)" in said[-1]["why"], said
     assert "fewer than --min-replicas 2; groups [1, 2] never came" in said[-1]["why"]
     assert capsys.readouterr().err.count("error:") == 1
     late = _founder(coord, 1)  # a group that comes after hears the same
@@ -541,18 +553,19 @@ def test_a_restarted_coordinator_waits_seconds_not_the_first_quorums_timeout(cap
     """Of four groups, two are back and joined, one is back but still finishing the step it computed (waited for),
     one never reconnects (not waited for past the rejoin time: it joins later as a replacement)."""
     coord = Coordinator(4, min_replicas=2)
-    coord.admission.rejoin_s = 0.2
+    now = _on_clock(coord)  # a restarted coordinator waits REJOIN_S (5 s) for every group to reconnect
     _back(coord, 0, 4, qid=5, joined=5)
     _back(coord, 1, 4, qid=5, joined=5)
     ours, theirs = socket.socketpair()
     assert coord.hello(theirs, {"op": "hello", "version": VERSION, "replica": 2, "ranks": 1, "rank": 0,
                                 "incarnation": "p2", "committed": 4, "qid": 5})
+    now[0] += 4
     coord.check_first_quorum()
-    assert coord.quorum is None
-    time.sleep(0.25)
+    assert coord.quorum is None and not capsys.readouterr().err
+    now[0] += 1
     coord.check_first_quorum()
     assert coord.quorum is None  # group 2 is back: it joins when its step is done
-    assert "[3] did not join within 0 s (0.2 s for a restarted coordinator)" in capsys.readouterr().err
+    assert "[3] did not join within 5 s (5 s for a restarted coordinator)" in capsys.readouterr().err
     coord.join(2, 6, 5)
     assert (coord.quorum.step, coord.quorum.committed, coord.quorum.members) == (5, 4, (0, 1, 2))
 
@@ -562,6 +575,32 @@ def test_without_any_commit_a_restart_starts_every_group_at_step_1_again():
     _back(coord, 0, None, qid=1, joined=1)
     _back(coord, 1, None, qid=1, joined=1)
     assert (coord.quorum.step, coord.quorum.committed, coord.quorum.resumed, coord.quorum.qid) == (1, None, True, 2)
+
+
+@pytest.mark.parametrize("then", ["back", "gone", "not awaited"])
+def test_with_await_replacements_the_last_step_waits_for_a_lost_groups_replacement(then):
+    """``--await-replacements`` (notebook 09): of a 3-step run's groups 0 and 1, 1 is lost in step 1; 0 redoes it and
+    goes on to step 2 alone, then the last step waits until 1's replacement joined (it heals in it) or its launcher
+    said it is gone; without the option the last step starts at once and a late replacement is told it finished."""
+    coord, lay = Coordinator(2, await_replacements=then != "not awaited"), {"digest": "d", "steps": 3}
+    for r in (0, 1):
+        _, theirs = socket.socketpair()
+        assert coord.hello(theirs, {"op": "hello", "version": VERSION, "replica": r, "ranks": 1, "rank": 0})
+        coord.join(r, 1, None, lay)
+    coord.lost(1, coord.members[1].conns[0])
+    coord.join(0, 1, None)  # the step again, without 1
+    coord.join(0, 2, 1)
+    coord.join(0, 3, 2)
+    if then == "not awaited":
+        assert (coord.quorum.step, coord.quorum.members) == (3, (0,))
+        return
+    assert coord.quorum.step == 2  # held at the last step's boundary
+    if then == "gone":
+        coord.gone(1)
+    else:
+        _founder(coord, 1)  # the replacement's hello and first join (step 1: a healing group's is ignored)
+    q = coord.quorum
+    assert (q.step, q.committed, q.members, q.joiners) == ((3, 2, (0,), ()) if then == "gone" else (3, 2, (0, 1), (1,)))
 
 
 def test_a_new_process_for_a_rank_of_a_live_group_drops_the_old_one_first(capsys):

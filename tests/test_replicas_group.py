@@ -44,16 +44,31 @@ def _member(replica: int, members: tuple[int, ...], numel: int, plan: str, port:
         if q.qid == 2 and replica == victim and plan == "die":
             os.kill(os.getpid(), signal.SIGKILL)  # before its part
         if q.qid == 2 and replica == victim and plan == "hang":
+            store.set("hung/2", "1")  # what the coordinator's probe would find: its work makes no progress
             time.sleep(60)
+        # a healthy sum is never told off, however slow this box (patience: never); in the hang's quorum a survivor
+        # past patience "tells the coordinator", which aborts the quorum once the victim is seen hung
+        hang = q.qid == 2 and plan == "hang"
+        patience, on_stuck = (0.3, lambda: _abort_once_hung(port, aborted)) if hang else (float("inf"), aborted.set)
         t0 = time.monotonic()
-        try:  # past patience, a survivor "tells the coordinator", which aborts the quorum (here: at once)
-            group.all_reduce(tensors, aborted.is_set, 0.3, aborted.set)
+        try:
+            group.all_reduce(tensors, aborted.is_set, patience, on_stuck)
             results.append(("sum", [t.double().sum().item() for t in tensors]))
         except StepAborted as e:
             results.append(("aborted", round(time.monotonic() - t0, 3), str(e)))
         aborted.clear()
         group.close()
     out.put((replica, results))
+
+
+def _abort_once_hung(port: int, aborted: threading.Event) -> None:
+    """The coordinator's side of a stuck report: it aborts the quorum once the member is seen hung (the victim's key),
+    from a thread of its own, as the coordinator's word arrives on the client's reader thread."""
+    def probe() -> None:
+        open_store("127.0.0.1", port, timeout=30).wait(["hung/2"])
+        aborted.set()
+
+    threading.Thread(target=probe, daemon=True).start()
 
 
 def _spawn(target, arg_lists: list[tuple], expect: int, timeout: float) -> list:
@@ -96,7 +111,6 @@ def test_a_quorums_group_sums_buckets_of_every_dtype_over_every_member(members, 
         assert all(r[1] == pytest.approx(want, rel=1e-2) for r in res), (res, want)  # bf16 rounds
 
 
-@pytest.mark.timeout(120)
 class _ShrinkingBackend:
     """What the survivors' group needs of NCCL's backend to shrink (``supports_shrinking``, ``shrink``, ``abort``),
     recorded: this box has no NCCL, and gloo cannot shrink."""
@@ -133,10 +147,12 @@ def test_the_survivors_shrink_a_group_that_can_and_make_a_new_one_for_a_joiner()
     assert not gloo.can_shrink(Quorum(2, 1, (0,), None))
 
 
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("plan", ["die", "hang"])
 def test_a_member_that_dies_or_hangs_ends_the_others_sum_and_the_survivors_sum_again(plan):
     """A death closes the victim's connections (gloo fails the sum at once); a hang is ended by the coordinator's
-    abort after the survivors' patience (0.3 s here). Either way the survivors' next group sums without the victim."""
+    abort, once a survivor past its patience (0.3 s here) reported it and the victim is seen hung. Either way the
+    survivors' next group sums without the victim."""
     members = (0, 1, 2)
     got = _run(members, 300_000, plan)
     assert sorted(got) == [0, 1]

@@ -51,7 +51,7 @@ def test_a_512_mb_heal_arrives_whole_and_a_donor_killed_mid_heal_ends_the_receiv
     assert joiner["chunks"] == donor["chunks"] >= MB * (1 << 20) // CHUNK_BYTES, got
     print(f"{MB} MB healed in {joiner['seconds']:.2f} s ({donor['bytes'] / joiner['seconds'] / 1e6:.0f} MB/s)")
     # the donor SIGKILLed after the third chunk of the next: the joiner's receive ends with the reason, not at the
-    # data plane's 60 s timeout
+    # data plane's 60 s timeout (timed from the last chunk received: the donor's hashing and randn before are its own)
     assert donor_exit["exit"] == -9, got
     assert "quorum 1: a receive from member 0 failed" in cut.get("error", ""), got
-    assert 3 <= cut["chunks"] < joiner["chunks"] and cut["seconds"] < 30, got
+    assert 3 <= cut["chunks"] < joiner["chunks"] and cut["after_last_s"] < 30, got

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 REJOIN_S = 5.0
@@ -60,26 +61,46 @@ class FirstQuorum:
 
 
 class Admission:
-    def __init__(self, expected: int, min_replicas: int, first_quorum_timeout: float, rejoin_s: float = REJOIN_S):
-        self.expected, self.min_replicas = expected, min_replicas
+    """``clock``: where the waits' seconds come from (a test's own clock, so its figures are exact, not a sleep's)."""
+
+    def __init__(self, expected: int, min_replicas: int, first_quorum_timeout: float, rejoin_s: float = REJOIN_S,
+                 clock: Callable[[], float] = time.monotonic, awaits: bool = False):
+        self.expected, self.min_replicas, self.clock = expected, min_replicas, clock
         self.first_quorum_timeout, self.rejoin_s = first_quorum_timeout, rejoin_s
-        self.born = time.monotonic()
+        self.born = clock()
+        self.awaits = awaits  # --await-replacements: the last step waits for every lost group's replacement
+        self.last_step: int | None = None  # the run's last step, as the groups' first join says (beside its layout)
+        self.gone: set[int] = set()  # groups whose launcher exited: no replacement of theirs will come
         self.due = False  # the wait for every group is over: start with --min-replicas
         self.resumed_since: float | None = None  # a rank reported a quorum of an earlier coordinator
         self.top_qid = 0  # the highest quorum reported: this coordinator's are numbered on from it
+
+    def again(self) -> Admission:
+        """The same settings for a new first quorum (every group lost: the job goes on from the storage checkpoint)."""
+        return Admission(self.expected, self.min_replicas, self.first_quorum_timeout, self.rejoin_s, self.clock,
+                         self.awaits)
+
+    def holds(self, step: int, members: dict) -> bool:
+        """Whether the quorum of ``step`` waits for a replacement (``awaits``): the last step's only, while a lost group
+        is neither back and joined nor given up by its launcher, so that every replacement heals and trains before the
+        job ends instead of being told it came after the last step (a demo's choice: a job would rather not wait)."""
+        if not self.awaits or step != self.last_step:
+            return False
+        return any(not m.finished and r not in self.gone and (not m.alive or (m.healing and m.joined is None))
+                   for r, m in members.items())
 
     def hello(self, msg: dict) -> None:
         if (qid := msg.get("qid") or 0) > 0:
             self.top_qid = max(self.top_qid, qid)
             if self.resumed_since is None:
-                self.resumed_since = time.monotonic()
+                self.resumed_since = self.clock()
 
     @property
     def resuming(self) -> bool:
         return self.resumed_since is not None
 
     def waited(self) -> float:
-        return time.monotonic() - (self.resumed_since if self.resuming else self.born)
+        return self.clock() - (self.resumed_since if self.resuming else self.born)
 
     def overdue(self) -> bool:
         """The wait for every group is over (and was not before)."""

@@ -33,10 +33,12 @@ class Coordinator:
     """The coordinator's state and decisions (:meth:`serve` runs it on a socket)."""
 
     def __init__(self, replicas: int, min_replicas: int = 1, beat_timeout: float = 5.0, emit=None,
-                 first_quorum_timeout: float = FIRST_QUORUM_TIMEOUT_S, secret: bytes | None = None):
+                 first_quorum_timeout: float = FIRST_QUORUM_TIMEOUT_S, secret: bytes | None = None,
+                 await_replacements: bool = False):
         self.secret = secret  # the shared secret every hello must prove (None: none)
         self.expected, self.min_replicas, self.beat_timeout = replicas, min_replicas, beat_timeout
-        self.admission = Admission(replicas, min_replicas, first_quorum_timeout)  # the first quorum (.admission)
+        self.admission = Admission(replicas, min_replicas, first_quorum_timeout,  # the first quorum (.admission)
+                                   awaits=await_replacements)  # and, with it, the last step's wait for replacements
         self.emit = emit or (lambda kind, **f: None)
         self.members: dict[int, Member] = {}
         self.quorum: Quorum | None = None
@@ -98,7 +100,7 @@ class Coordinator:
         """A group's first join carries its gradients' layout: the first one sets it, one that differs is refused (its
         sums would be garbage, or wedge on a size mismatch) and told which settings differ."""
         if self.layout is None:
-            self.layout = (m.replica, layout)
+            self.layout, self.admission.last_step = (m.replica, layout), layout.get("steps")
         if (why := layout_mismatch(m.replica, layout, *self.layout)) is None:
             return True
         print(f"[nvrx_lab.replicas] error: {why}", file=sys.stderr, flush=True)
@@ -131,6 +133,13 @@ class Coordinator:
             m = self.members.get(replica)
             if m is not None and m.alive and any(c is conn for c in m.conns.values()):
                 self._fail(m, why, evict=evict)
+
+    def gone(self, replica: int) -> None:
+        """The group's launcher exited (said by it): no replacement of that group comes, nobody waits for one."""
+        with self.lock:
+            if replica not in self.admission.gone:
+                self.admission.gone.add(replica)
+                self._form()
 
     def check_beats(self) -> None:
         with self.lock:
@@ -177,8 +186,8 @@ class Coordinator:
             return
         if finished:  # (a member lost after the reduction completed everywhere: its part is in the sum, commit)
             joiners = sorted(r for r, m in alive.items() if m.healing and m.joined is not None and r not in live)
-            if len(live) + len(joiners) >= self.min_replicas:  # else the survivors wait here for replacements
-                self._publish(sorted(live + joiners), step=q.step + 1, committed=q.step, joiners=joiners)
+            if len(live) + len(joiners) >= self.min_replicas and not self.admission.holds(q.step + 1, self.members):
+                self._publish(sorted(live + joiners), step=q.step + 1, committed=q.step, joiners=joiners)  # else: wait
 
     def check_first_quorum(self) -> None:
         """Past ``first_quorum_timeout`` without a first quorum: start with the groups that came if they are at least
@@ -216,8 +225,7 @@ class Coordinator:
                     m.alive = False
                     for conn in m.conns.values():
                         self._send(conn, {"op": "evict", "why": "the job goes on from the storage checkpoint"})
-            self.quorum, self.admission = None, Admission(self.expected, self.min_replicas,
-                                                          self.admission.first_quorum_timeout)
+            self.quorum, self.admission = None, self.admission.again()
             return
         self.emit("state_lost", step=q.step, committed=self.committed)
         self._end(f"every replica group failed by step {q.step} before a replacement could take a live "

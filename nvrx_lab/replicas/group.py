@@ -69,8 +69,10 @@ def new_process_group(store: dist.Store, index: int, size: int, device: torch.de
         opts.config.blocking = 0  # non-blocking communicator init: an abort ends a setup that waits for a lost member
         pg = dist.ProcessGroupNCCL(store, index, size, opts)
         pg.eager_connect_single_device(device)
-        return pg
-    return dist.ProcessGroupGloo(store, index, size, timeout)
+        # torch's stubs make ProcessGroupNCCL/Gloo a Backend without the allreduce/send/recv they have: typed by
+        # ProcessGroup's declarations of those
+        return pg  # type: ignore[return-value]
+    return dist.ProcessGroupGloo(store, index, size, timeout)  # type: ignore[return-value]  # (as above)
 
 
 def _wait_all(works: list, errors: list) -> None:
@@ -141,7 +143,10 @@ class ReplicaGroup:
             return self
         t0 = time.monotonic()
         try:
-            self.begin()._watch(lambda: not self._maker.is_alive(), aborted, "the members could not meet")
+            maker = self.begin()._maker
+            if maker is None:  # begin() starts one for every group of two or more
+                raise RuntimeError(f"quorum {self.qid}: no group is being made")
+            self._watch(lambda: not maker.is_alive(), aborted, "the members could not meet")
         finally:
             if self._parent is not None:
                 self._parent.close()
@@ -173,8 +178,17 @@ class ReplicaGroup:
         """``quorum``'s group, begun (:meth:`begin`): this one without the members it lost (:meth:`can_shrink`), which
         every survivor makes; this one is aborted once it is ready, or failed."""
         gone, pg = [i for i, m in enumerate(self.members) if m not in quorum.members], self.pg
+        if pg is None:
+            raise RuntimeError(f"quorum {self.qid}: no group to shrink (see can_shrink)")
         new = ReplicaGroup(self.root, quorum, replica, self.rank, self.device, self.timeout_s)
-        return new.begin(lambda: pg.shrink(gone, SHRINK_ABORT, None), parent=self, how="shrunk")
+        # torch's stubs lack the backends' shrink (ProcessGroupNCCL.shrink, torch 2.10+)
+        return new.begin(lambda: pg.shrink(gone, SHRINK_ABORT, None), parent=self, how="shrunk")  # type: ignore[attr-defined]
+
+    def _live(self) -> dist.ProcessGroup:
+        """The process group, between :meth:`ready` and :meth:`close` (closed meanwhile: :class:`StepAborted`)."""
+        if self.pg is None:
+            raise StepAborted(f"quorum {self.qid}: the group was closed")
+        return self.pg
 
     def cut(self) -> None:
         """From any thread: end this group's transfers now (the quorum was aborted)."""
@@ -209,7 +223,7 @@ class ReplicaGroup:
         if self.size == 1:
             return
         self.ready(aborted)
-        works = [self.pg.allreduce([t]) for t in tensors]
+        works = [self._live().allreduce([t]) for t in tensors]
         self._wait(works, aborted, "the sum", patience, on_stuck)
 
     def send(self, tensors: list[torch.Tensor], dst: int, aborted: Callable[[], bool],
@@ -217,7 +231,7 @@ class ReplicaGroup:
         """Send ``tensors`` to member index ``dst``, one after another (``on_done`` after each)."""
         self.ready(aborted)
         for t in tensors:
-            self._wait([self.pg.send([t], dst, 0)], aborted, f"a send to member {dst}", point_to_point=True)
+            self._wait([self._live().send([t], dst, 0)], aborted, f"a send to member {dst}", point_to_point=True)
             on_done()
 
     def recv(self, tensors: list[torch.Tensor], src: int, aborted: Callable[[], bool],
@@ -225,7 +239,7 @@ class ReplicaGroup:
         """Receive into ``tensors`` from member index ``src``, one after another (``on_done`` after each)."""
         self.ready(aborted)
         for t in tensors:
-            self._wait([self.pg.recv([t], src, 0)], aborted, f"a receive from member {src}", point_to_point=True)
+            self._wait([self._live().recv([t], src, 0)], aborted, f"a receive from member {src}", point_to_point=True)
             on_done()
 
     def _wait(self, works: list, aborted: Callable[[], bool], what: str, patience: float = float("inf"),
@@ -254,7 +268,7 @@ class ReplicaGroup:
     def _watch(self, done: Callable[[], bool], aborted: Callable[[], bool], what: str, patience: float = float("inf"),
                on_stuck: Callable[[], None] = lambda: None) -> None:
         """Until ``done()``; :class:`StepAborted` on the coordinator's word or past the data plane's timeout."""
-        t0, told = time.monotonic(), []
+        t0, told = time.monotonic(), [False]
 
         def finished() -> bool:
             if done():
@@ -262,8 +276,9 @@ class ReplicaGroup:
             if aborted() or self._cut.is_set():
                 self._abort()
                 raise StepAborted(f"quorum {self.qid}: {what} was aborted by the coordinator")
-            if not told and time.monotonic() - t0 > patience:
-                told.append(on_stuck())
+            if not told[0] and time.monotonic() - t0 > patience:
+                on_stuck()
+                told[0] = True
             return False
 
         try:

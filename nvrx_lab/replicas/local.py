@@ -58,6 +58,8 @@ class Groups:
     """Replacements of each group's workers (torchrun's ``--max-restarts``)."""
     min_replicas: int = 1
     module: str = TRAINER
+    await_replacements: bool = False
+    """The last step waits until every lost group's replacement joined, or its torchrun gave up (``--await-replacements``)."""
 
 
 def group_argv(replica: int, groups: Groups, coordinator: str, out: Path, train_args: list[str]) -> list[str]:
@@ -70,14 +72,15 @@ def group_argv(replica: int, groups: Groups, coordinator: str, out: Path, train_
 class CoordinatorHost:
     """The coordinator in this process, on a fixed port; :meth:`crash` does to its ranks what its process dying does."""
 
-    def __init__(self, replicas: int, min_replicas: int, events: Path):
-        self.replicas, self.min_replicas, self.events = replicas, min_replicas, events
+    def __init__(self, replicas: int, min_replicas: int, events: Path, await_replacements: bool = False):
+        self.replicas, self.min_replicas, self.events, self.awaits = replicas, min_replicas, events, await_replacements
         self.port = free_port()
         self.start()
 
     def start(self) -> None:
         self.coord = Coordinator(self.replicas, self.min_replicas, emit=EventLog(self.events, rank=-1).emit,
-                                 secret=shared_secret())  # $NVRX_LAB_REPLICA_SECRET, which every group inherits
+                                 secret=shared_secret(),  # $NVRX_LAB_REPLICA_SECRET, which every group inherits
+                                 await_replacements=self.awaits)
         ready, self.stop = threading.Event(), threading.Event()
         self.listener = listen(LOOPBACK, self.port)
         self.thread = threading.Thread(target=serve, args=(self.coord, LOOPBACK, self.port, ready, self.stop),
@@ -85,21 +88,33 @@ class CoordinatorHost:
         self.thread.start()
         wait_for(ready.is_set, 30, "the coordinator to listen")
 
-    def crash(self) -> None:
+    def crash(self) -> int | None:
         """At once, as a process's death: the listening socket closes (a rank that reconnects finds nobody, not the
         dying coordinator), then every connection (the dead coordinator decides nothing more: its reader threads find
-        no member to drop); then its accept loop ends and the groups' store is released."""
+        no member to drop); then its accept loop ends and the groups' store is released. Returns the last step it
+        committed, read as it dies (under its lock: a join a moment later could commit one more)."""
         with contextlib.suppress(OSError):
             self.listener.shutdown(socket.SHUT_RDWR)
         with self.coord.lock:
             conns = [c for m in self.coord.members.values() for c in m.conns.values()]
-            self.coord.members, self.coord.emit = {}, lambda kind, **f: None
+            self.coord.members, self.coord.emit, committed = {}, lambda kind, **f: None, self.coord.committed
         for conn in conns:
             with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
         self.stop.set()
         self.thread.join(10)
         self.listener.close()
+        return committed
+
+    def gone(self, replicas: list[int]) -> None:
+        """Groups whose torchrun exited (finished, or gave up): with ``--await-replacements`` the coordinator waits for
+        no replacement of theirs. A crashed coordinator is told nothing (:meth:`crash` empties its members under its
+        lock: it decides nothing more)."""
+        coord = self.coord
+        with coord.lock:
+            if self.awaits and coord.members:
+                for r in replicas:
+                    coord.gone(r)
 
     def fail_at(self, step: int, delay: float, deadline: float) -> None:
         """Crash once ``step`` is committed, and start a new coordinator ``delay`` seconds later (one line each)."""
@@ -107,8 +122,7 @@ class CoordinatorHost:
             wait_for(lambda: (self.coord.committed or 0) >= step, deadline, f"step {step} to commit", interval=0.05)
         except TimeoutError:
             return  # the job ended first
-        committed = self.coord.committed
-        self.crash()
+        committed = self.crash()
         EventLog(self.events, rank=-1).emit("coordinator_killed", committed=committed, delay_s=delay)
         print(f"[nvrx_lab.replicas] FAULT coordinator killed after committed step {committed}; a new one "
               f"starts on port {self.port} in {delay:g} s", flush=True)
@@ -122,7 +136,7 @@ def run_local(groups: Groups, out: Path, train_args: list[str], timeout: float =
     out.mkdir(parents=True, exist_ok=True)
     for old in [*out.glob("replica*.jsonl"), *out.glob("replica*.faults.jsonl"), out / "coordinator.jsonl"]:
         old.unlink(missing_ok=True)
-    host = CoordinatorHost(replicas, groups.min_replicas, out / "coordinator.jsonl")
+    host = CoordinatorHost(replicas, groups.min_replicas, out / "coordinator.jsonl", groups.await_replacements)
     port = host.port
     if coordinator_fault is not None:
         threading.Thread(target=host.fail_at, args=(*coordinator_fault, timeout), daemon=True).start()
@@ -135,7 +149,7 @@ def run_local(groups: Groups, out: Path, train_args: list[str], timeout: float =
                                           env=child_env(GROUP_ENV)))
             log.close()
         wait_for(lambda: all(p.poll() is not None for p in procs), timeout, f"{replicas} replica groups to finish",
-                 interval=0.1)
+                 interval=0.1, on_poll=lambda: host.gone([r for r, p in enumerate(procs) if p.poll() is not None]))
     finally:
         for p in procs:
             _stop(p)
@@ -203,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-restarts", type=int, default=3, help="replacements of each group's workers (torchrun's)")
     ap.add_argument("--min-replicas", type=int, default=1,
                     help="fewest replica groups a new step starts with (the survivors wait at the step for replacements)")
+    ap.add_argument("--await-replacements", action="store_true",
+                    help="the last step waits until every lost group's replacement joined (or its torchrun gave up), so "
+                         "each replacement heals and trains before the job ends (a demo's choice: a job would not wait)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds before every group is killed")
     ap.add_argument("--out", default="build/replicas", help="folder for the event streams and logs (emptied first)")
     ap.add_argument("--worker", default=TRAINER, metavar="MODULE",
@@ -228,8 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out)
     if a.worker == TRAINER:  # a script of one's own says its usage errors itself
         check_train_args(train_args, a.replicas, a.nproc, out)
-    code = run_local(Groups(a.replicas, a.nproc, a.max_restarts, a.min_replicas, a.worker), out, train_args, a.timeout,
-                     fault)
+    code = run_local(Groups(a.replicas, a.nproc, a.max_restarts, a.min_replicas, a.worker, a.await_replacements), out,
+                     train_args, a.timeout, fault)
     print(ledger.check_dir(out, global_batch_of(train_args)).line(), flush=True)
     return code
 

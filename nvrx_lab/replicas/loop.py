@@ -129,9 +129,10 @@ class ReplicaLoop:
     def run(self) -> dict:
         """From the first quorum to the last committed step: ``{"steps", "losses", "world_size"}``."""
         if self.group.rank == 0:  # the first join says the gradients' layout: a group of another model is refused
+            lay = layout(dict(self.state.model.named_parameters()), self.group.world_size,
+                         global_batch=self.global_batch, **self.settings)
             self.client.join(step=0 if self.healing else self.state.step + 1, done=None,
-                             layout=layout(dict(self.state.model.named_parameters()), self.group.world_size,
-                                           global_batch=self.global_batch, **self.settings))
+                             layout=lay | {"steps": self.steps})  # the run's last step beside it, not in its digest
         try:
             quorum = self.client.next_quorum()
         except JobFinished as e:

@@ -3,7 +3,8 @@
 ``python heal_large.py ROLE STORE_PORT MB --die-after N``: the donor sends a seeded state of MB megabytes (a few
 tensors, as a shard of parameters and optimizer moments), the joiner receives it into its own tensors in place; then
 again, and the donor SIGKILLs itself after the N-th chunk of that second heal. Each side prints a ``RESULT {json}``
-line a heal: the bytes, the seconds, the chunks and a SHA-256 of the state's bytes, or the error that ended it.
+line a heal: the bytes, the seconds, the chunks and a SHA-256 of the state's bytes, or the error that ended it (and the
+seconds since its last chunk).
 """
 
 from __future__ import annotations
@@ -58,10 +59,12 @@ def main() -> None:
 
 
 def one_heal(group: ReplicaGroup, role: str, mb: int, die_after: int) -> dict:
+    """One heal's figures; an error's carries ``after_last_s``, the seconds from the last chunk to it: what the donor's
+    death cost, apart from the donor's own work before it (its SHA-256 and the next state's 512 MB of randn)."""
     sd, chunks = state(mb, fill=role == "donor"), []
 
     def chunk() -> None:
-        chunks.append(1)
+        chunks.append(time.monotonic())
         if die_after and len(chunks) == die_after:
             os.kill(os.getpid(), signal.SIGKILL)
 
@@ -74,7 +77,8 @@ def one_heal(group: ReplicaGroup, role: str, mb: int, die_after: int) -> dict:
             result = {"step": got["step"], "lr": got["optim"]["param_groups"][0]["lr"]}
         return result | {"seconds": time.monotonic() - t0, "chunks": len(chunks), "digest": digest(sd)}
     except StepAborted as e:
-        return {"error": str(e), "seconds": time.monotonic() - t0, "chunks": len(chunks)}
+        now = time.monotonic()
+        return {"error": str(e), "seconds": now - t0, "chunks": len(chunks), "after_last_s": now - (chunks or [t0])[-1]}
 
 
 if __name__ == "__main__":
