@@ -22,11 +22,11 @@ from nvrx_lab.reliability import checkpoint, local
 @pytest.mark.timeout(120)
 def test_sigkill_trainer_mid_save(tmp_path):
     # seed 1: trials 0 and 1 hit the first save of their run mid-write (the staging region must not be
-    # left in /dev/shm), trial 1 kills the trainer alone (its writer must not outlive it)
+    # left in /dev/shm), trial 1 kills the trainer alone (its writer must leave on its own, unkilled)
     row = checkpoint.sigkill_trainer_mid_save(tmp_path / "trainer", trials=3, seed=1)
     assert row.ok, row.failures
     assert row.trials == 3 and row.figures["group"] == 2 and row.figures["trainer_alone"] == 1
-    assert row.figures["writer_outlived_s_max"] <= 1.0
+    assert row.figures["writer_left_on_its_own"] == 1, row.figures  # writer_outlived_s_max: how long it took
     assert committed_steps(tmp_path / "trainer" / "ckpt")[-1] >= 3  # every trial moved the run on
 
 

@@ -26,7 +26,22 @@ def test_sigkill_and_hang_recovered_onto_the_same_curve(port, tmp_path):
     assert "missed heartbeats" in res.stdout and "restart 2/3" in res.stdout
     events = read_events(metrics)
     assert_one_curve(events, steps=14)
-    assert {e["restart_count"] for e in events if e["kind"] == "start"} == {0, 1, 2}
+    # every launcher failure answers an injected fault: restart k follows the k-th fault (fired once each, rank 1),
+    # which came after the failures of restart k - 1; the kill is rank 1's SIGKILL, the hang is named a hang (of rank 1,
+    # or of rank 0 waiting for it in a collective: both went silent)
+    faults = [e for e in events if e["kind"] == "fault"]
+    assert [(f["rank"], f["fault"]) for f in faults] == [(1, "sigkill"), (1, "hang")], faults
+    failures = [e for e in events if e["kind"] == "launcher_failure"]
+    after = {k: max((e["t"] for e in failures if e["restart_count"] == k), default=0.0) for k in (1, 2)}
+    for e in failures:
+        k = e["restart_count"]
+        assert k in (1, 2) and (after[k - 1] if k > 1 else 0.0) < faults[k - 1]["t"] < e["t"], (
+            f"a failure no fault explains: rank {e['rank']} {e['reason']} ({e['detail']}) -> restart {k}; faults at "
+            f"{[(f['fault'], f['t']) for f in faults]}, this failure at {e['t']}\n{res.stdout[-4000:]}")
+    assert [(e["reason"], e["signal"]) for e in failures if e["restart_count"] == 1 and e["rank"] == 1] == [
+        ("signal", "SIGKILL")]
+    assert {e["reason"] for e in failures if e["restart_count"] == 2} == {"hang"}
+    assert {e["restart_count"] for e in events if e["kind"] == "start"} == set(range(len(faults) + 1))
     report = analyze(events)
     assert [f.kind for f in report.faults] == ["sigkill", "hang"]
     assert all(f.recovery_s is not None for f in report.faults)

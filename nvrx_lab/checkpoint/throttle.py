@@ -6,14 +6,23 @@ bytes never run ahead of ``bandwidth``, which reproduces the regime where the wr
 checkpoint interval's compute. :class:`MeteredStream` wraps a binary file: every byte written goes
 through the throttle and into running CRC32Cs (:mod:`.checksum`; one per 16 MiB of file, so verification can use every
 core), so the shard's checksums cost no second read.
+
+A capped stream also has a gate, for tests and notebook 01: while a file :data:`HOLD_NAME` exists in the folder
+above the one written into (a checkpoint's root, for a shard in its temporary folder), the stream stops (flushed)
+after the chunk that takes it to the byte count the file holds (empty: 0), and goes on once the file is removed:
+a kill lands mid-write by construction, however busy the machine is.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from nvrx_lab.net import wait_for
 
 from .checksum import KEY, crc32c
 
@@ -21,6 +30,10 @@ CHUNK = 1 << 20
 """Bytes written per ``write`` call, so a throttled write (and a kill) happens mid-file."""
 VERIFY_CHUNK = 16 << 20
 """A CRC32C per 16 MiB of file, so verification runs on all cores in parallel."""
+HOLD_NAME = ".write_hold"
+"""The gate's file (see the module docstring); no such file, no gate."""
+HOLD_S = 600.0
+"""A hang guard: a write held longer (a harness that never removed the file) fails with ``TimeoutError``."""
 
 
 def check_bandwidth(value: float | None, name: str = "write_bandwidth") -> float | None:
@@ -81,6 +94,9 @@ class MeteredStream:
         self._crc, self._fill = 0, 0
         self.size = 0
         self.error: OSError | None = None
+        name = getattr(raw, "name", None)  # the file's path (an fd or nothing: no gate)
+        self._hold = Path(name).parent.parent / HOLD_NAME \
+            if throttle.bandwidth and isinstance(name, (str, os.PathLike)) else None
 
     def write(self, data) -> int:
         view = memoryview(data).cast("B")
@@ -93,8 +109,22 @@ class MeteredStream:
                 raise
             self._checksum(chunk)
             self.throttle.wait(len(chunk))
+            if self._hold is not None:
+                self._held(self._hold, self.size + start + len(chunk))
         self.size += len(view)
         return len(view)
+
+    def _held(self, hold: Path, written: int) -> None:
+        """The gate: while the file ``hold`` is there and ``written`` reached its byte count, wait (flushed)."""
+        def released() -> bool:
+            try:
+                return written < int(hold.read_text() or 0)
+            except FileNotFoundError:
+                return True
+
+        if not released():
+            self.raw.flush()
+            wait_for(released, HOLD_S, f"{self._hold} to be removed", interval=0.005)
 
     def _checksum(self, data: memoryview) -> None:
         pos = 0

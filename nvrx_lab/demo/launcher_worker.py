@@ -11,8 +11,10 @@ launcher's restarts (``TORCHELASTIC_RESTART_COUNT``): ``1:0:5:sigkill,1:1:5:hang
 the first attempt and hangs it in the second. The kinds these demos use: ``sigkill``, ``hang`` (no more
 heartbeats), ``exit:CODE`` (2 reads as a usage error and is not restarted) and ``pause:SECONDS`` (a
 legitimate long phase, inside section ``--section`` if given; ``*:0:3:pause:5`` pauses every rank).
-``--on-peer-loss continue`` stands in for the in-process wrapper under ``min-healthy``: a rank whose peer
-died drops the process group and trains on alone.
+A fault without ATTEMPTS fires once per process, or once per job with ``--fault-state DIR`` (each rank's fired
+faults in a file of that folder, read by the next attempt's worker). ``--on-peer-loss continue`` stands in for
+the in-process wrapper under ``min-healthy``: a rank whose peer died drops the process group and trains on alone.
+The ``worker_start`` event says whether torch was imported before this module (``torch_preloaded``: a warm standby).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import sys
 import time
 
 T_PROCESS = time.time()
+TORCH_PRELOADED = "torch" in sys.modules
 _t = time.perf_counter()
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -41,6 +44,7 @@ def get_args(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=20, help="steps per attempt")
     p.add_argument("--step-time", type=float, default=0.05, help="seconds of 'compute' per step")
     p.add_argument("--faults", default="", help="RANK:ATTEMPTS:STEP:KIND[:ARG],... (nvrx_lab.faults; attempts: restarts)")
+    p.add_argument("--fault-state", default=None, help="folder: fire-once faults remembered across restarts")
     p.add_argument("--section", default="", help="run a pause fault inside this section")
     p.add_argument("--calc-timeouts", action="store_true", help="calculate_timeouts() at the step after the first fault")
     p.add_argument("--metrics", default=None, help="JSONL event file")
@@ -71,7 +75,8 @@ def main(argv=None) -> int:
     launch = LaunchEnv.read()
     rank, restart = launch.rank, launch.restart_count
     events = EventLog(args.metrics, rank)
-    events.emit("worker_start", restart=restart, import_s=IMPORT_S, t_process=T_PROCESS, pid=os.getpid())
+    events.emit("worker_start", restart=restart, import_s=IMPORT_S, torch_preloaded=TORCH_PRELOADED,
+                t_process=T_PROCESS, pid=os.getpid())
     from datetime import timedelta
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.pg_timeout))
@@ -83,7 +88,8 @@ def main(argv=None) -> int:
     elif not args.no_monitor and RankMonitorClient.available():
         client = RankMonitorClient()
         client.init_workload_monitoring()
-    injector = FaultInjector(args.faults, rank, attempt=restart,
+    state = os.path.join(args.fault_state, f"rank{rank}.jsonl") if args.fault_state else None
+    injector = FaultInjector(args.faults, rank, attempt=restart, state_file=state,
                              emit=lambda kind, **f: events.emit(kind, restart=restart, **f),
                              actions={"pause": lambda fault: slow_phase(client, args.section, fault.value)})
     calc_at = min((f.step for f in args.faults if f.fires_in(restart)), default=-2) + 1

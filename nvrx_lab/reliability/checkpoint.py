@@ -9,13 +9,14 @@ each on real files with real processes. The state saved at step ``s`` is a funct
   subprocess (:mod:`.checkpoint_child`) saves steps in a loop with a bandwidth cap (~0.5 s a save)
   and is SIGKILLed at a seeded random moment of its first, second or third save: staging, writing,
   commit, or just after. Half the trials kill its whole process group (trainer and writer at
-  once), half the trainer alone — then its writer must exit within a second on its own. Afterwards
+  once), half the trainer alone — then its writer must exit on its own, unkilled (how long it took is
+  the figure ``writer_outlived_s_max``). Afterwards
   a fresh checkpointer must find a latest step that loads exactly, at least as new as the last
   commit the trainer reported; every committed step must verify; no staging file may be left in
   ``/dev/shm``; and once the next save has committed, no temporary folder may be left. The next
   trial's trainer resumes from that save.
 * :func:`sigkill_writer_mid_save` — the writer process of an in-process checkpointer is SIGKILLed
-  at a random moment of its write: ``finalize_async_save`` raises
+  held by the throttle's gate at a seeded point of its write: ``finalize_async_save`` raises
   :class:`~nvrx_lab.checkpoint.CheckpointWriterDied` naming the step, the previous step stays the
   latest and loads, the next save (a fresh writer) commits, no temporary folder is left.
 * :func:`corruption` — one byte flipped in a shard, a truncated shard, the DCP ``.metadata`` of the

@@ -10,18 +10,18 @@ The two kill cases of :mod:`nvrx_lab.reliability.checkpoint` (what must hold is 
 2. it saves step after step (capped bandwidth, ~0.5 s a save); the parent picks, with a seeded RNG,
    the first, second or third save of this run and a delay of 0 to 1.25 save durations after its
    ``saving N`` line, then SIGKILLs the whole process group (even trials) or the trainer alone (odd);
-3. the parent then checks the processes (the writer must be gone: at once after a group kill,
-   within :data:`ORPHAN_S` after its trainer alone died), ``/dev/shm`` (no staging region of the
-   dead trainer), and the folder with a fresh checkpointer: every committed step verifies, the latest
+3. the parent then checks the processes (the writer must be gone: at once after a group kill, on its
+   own after its trainer alone died: figure ``writer_outlived_s_max``), ``/dev/shm`` (no staging region of
+   the dead trainer), and the folder with a fresh checkpointer: every committed step verifies, the latest
    is no older than the last commit the trainer reported and loads exactly, and after the next save
    (done by the parent, which the next trial's trainer must resume from) nothing temporary is left.
 
 The next trials' trainers are started while the current one runs and wait on stdin before they touch
 the folder, so their imports (~8 s for a trainer and its writer on 2 cores) overlap with it.
 
-:func:`sigkill_writer_mid_save` kills only the writer of a checkpointer in this process, strictly
-inside its capped write (0 to 0.7 of its shortest duration after ``async_save`` returned), so
-``finalize_async_save`` must report the death; each trial pays for one fresh writer (~4 s of imports).
+:func:`sigkill_writer_mid_save` kills only the writer of a checkpointer in this process, strictly inside its
+capped write: held by the throttle's gate (:data:`~nvrx_lab.checkpoint.throttle.HOLD_NAME`) once a seeded 0 to 0.7
+of its shard is on disk, so ``finalize_async_save`` must report the death; each trial pays for one fresh writer.
 """
 
 from __future__ import annotations
@@ -43,13 +43,14 @@ import psutil
 
 from nvrx_lab.checkpoint import AsyncCheckpointer, CheckpointError, CheckpointWriterDied, committed_steps, step_dir, verify
 from nvrx_lab.checkpoint.staging import shm_dir
+from nvrx_lab.checkpoint.throttle import HOLD_NAME
 from nvrx_lab.net import wait_for
 from nvrx_lab.reliability import Row, logger_at, timed
 from nvrx_lab.reliability.checkpoint_child import blank, fresh, holds_step, state_at, stray
 
 MIB = 1 << 20
-ORPHAN_S = 1.0
-"""How long a writer may live on after its trainer died alone."""
+ORPHAN_S = 30.0
+"""A hang guard, no speed bound: a writer still running this long after its trainer died never left on its own."""
 AHEAD = 3
 """Trainers started ahead, each waiting on stdin: their imports overlap with the running trial."""
 
@@ -147,15 +148,15 @@ def _kill(cur: _Trainer, alone: bool, rng: random.Random, save_s: float, figures
     time.sleep(delay)
     writer, target = cur.numbers("writer")[0], int(line.split()[1])
     cur.kill(group=not alone)
-    after = _gone_after(writer, 3 * ORPHAN_S)
+    after, gone = _gone_after(writer, ORPHAN_S), not _alive(writer)  # before reap() kills it: it left on its own
     figures["trainer_alone" if alone else "group"] += 1
     if alone:
         figures["writer_outlived_s_max"] = round(max(figures["writer_outlived_s_max"], after), 3)
-    if after <= ORPHAN_S:
+        figures["writer_left_on_its_own"] += gone
+    if gone:
         return [], target
-    if alone:
-        return [f"writer {writer} outlived its trainer by {after:.2f} s (> {ORPHAN_S} s)"], target
-    return [f"writer {writer} survived the SIGKILL of its process group"], target
+    return [f"writer {writer} still ran {after:.1f} s after its trainer died alone: it never left" if alone
+            else f"writer {writer} survived the SIGKILL of its process group"], target
 
 
 def _check_folder(folder: Path, cur: _Trainer, resume: int, target: int, mib: float,
@@ -217,7 +218,7 @@ def sigkill_trainer_mid_save(work: Path, trials: int = 100, seed: int = 0, mib: 
     save_s = 0.5
     bandwidth = mib * MIB / save_s
     figures = row.figures
-    figures.update(group=0, trainer_alone=0, writer_outlived_s_max=0.0, killed_after_commit=0)
+    figures.update(group=0, trainer_alone=0, writer_outlived_s_max=0.0, writer_left_on_its_own=0, killed_after_commit=0)
     with timed(row):
         with AsyncCheckpointer(folder, keep_last=2, start_writer=False) as ckpt:
             ckpt.save(state_at(0, mib), step=0)
@@ -242,14 +243,19 @@ def sigkill_trainer_mid_save(work: Path, trials: int = 100, seed: int = 0, mib: 
     return row
 
 
-def _kill_writer_once(ckpt: AsyncCheckpointer, good: int, delay: float, bandwidth: float, mib: float) -> list[str]:
-    """Save ``good + 1`` (capped), SIGKILL the writer after ``delay`` s, check, save it again uncapped."""
-    step, problems = good + 1, []
+def _kill_writer_once(ckpt: AsyncCheckpointer, good: int, at: int, bandwidth: float, mib: float) -> list[str]:
+    """Save ``good + 1`` (capped), SIGKILL the writer held with ``at`` bytes of it on disk, check, save it again."""
+    step, problems, hold = good + 1, [], ckpt.root / HOLD_NAME
     ckpt.config.write_bandwidth = bandwidth
-    ckpt.async_save(state_at(step, mib), step=step)
-    time.sleep(delay)
-    dead = ckpt.writer_pid
-    os.kill(dead, signal.SIGKILL)
+    hold.write_text(str(at))  # before the save: the writer reads it whole
+    shard = lambda: sum(p.stat().st_size for p in ckpt.root.glob(f".tmp_step_{step:08d}_*/__0_0.distcp"))  # noqa: E731
+    try:
+        ckpt.async_save(state_at(step, mib), step=step)
+        wait_for(lambda: shard() >= max(at, 1), 60, f"{at} bytes of step {step}'s shard on disk")
+        dead = ckpt.writer_pid
+        os.kill(dead, signal.SIGKILL)
+    finally:
+        hold.unlink(missing_ok=True)
     try:
         ckpt.finalize_async_save(blocking=True)
         problems.append("finalize_async_save raised nothing")
@@ -280,12 +286,12 @@ def sigkill_writer_mid_save(work: Path, trials: int = 100, seed: int = 0, mib: f
         ckpt.finalize_async_save(blocking=True)
         for trial in range(trials):
             good = max(committed_steps(ckpt.root), default=0)
-            delay = rng.uniform(0.0, 0.7) * write_s  # the capped write takes >= write_s: strictly inside it
+            at = int(rng.uniform(0.0, 0.7) * mib * MIB)  # held there: strictly inside the write
             try:
-                problems = _kill_writer_once(ckpt, good, delay, mib * MIB / write_s, mib)
+                problems = _kill_writer_once(ckpt, good, at, mib * MIB / write_s, mib)
             except Exception as e:  # noqa: BLE001 - an unexpected error fails the trial, with its reason
                 problems = [f"{type(e).__name__}: {e}"]
-            row.check(not problems, f"trial {trial} (step {good + 1}, kill after {delay:.3f} s): "
+            row.check(not problems, f"trial {trial} (step {good + 1}, killed held at {at} bytes): "
                       + "; ".join(problems))
     row.figures["s_per_trial"] = round(row.seconds / max(1, trials), 2)
     return row

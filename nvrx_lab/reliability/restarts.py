@@ -1,25 +1,22 @@
 """Restart cases: many restarts in a row, and a long phase that must not look like a hang
 =====================================================================================
 
-Three cases of the reliability suite (:mod:`nvrx_lab.reliability`), each a real job of 2 ranks
-over gloo, judged from its event stream and from the process table only:
+Three cases of the reliability suite (:mod:`nvrx_lab.reliability`), each a real job of 2 ranks over gloo, judged
+from its event stream and from the process table only:
 
 * :func:`inprocess_soak` — :mod:`nvrx_lab.demo.inprocess_worker` under the in-process
-  :class:`~nvrx_lab.inprocess.Wrapper`; rank 1 raises in every attempt, so the same two processes
-  restart ``restarts`` times until ``max_iterations`` stops them. Threads and open fds must stay
-  flat and RSS within +5 % (an early attempt after warm-up against the last), every restart must
-  be logged by both ranks.
-* :func:`launcher_soak` — ``python -m nvrx_lab.launcher`` running
-  :mod:`nvrx_lab.demo.launcher_worker`; rank 1 is SIGKILLed or hangs in every attempt (a seeded
-  shuffle of both kinds) for ``restarts`` attempts, then the job finishes. Every fault must be
-  followed by both ranks training in the next attempt, the job must exit 0.
-* :func:`long_section_no_false_hang` — a legitimate ``phase_s`` pause inside a section whose
-  timeout allows it: no restart, exit 0. Control: the same pause outside the section is a hang.
+  :class:`~nvrx_lab.inprocess.Wrapper`; rank 1 raises in every attempt, so the same two processes restart
+  ``restarts`` times until ``max_iterations`` stops them. Threads and open fds must stay flat and RSS within +5 %
+  (an early attempt after warm-up against the last), every restart must be logged by both ranks.
+* :func:`launcher_soak` — ``python -m nvrx_lab.launcher`` running :mod:`nvrx_lab.demo.launcher_worker`; rank 1 is
+  SIGKILLed or hangs in every attempt (a seeded shuffle) for ``restarts`` attempts, then the job finishes: each
+  fault followed by both ranks training in the next attempt, exit 0.
+* :func:`long_section_no_false_hang` — a legitimate ``phase_s`` pause inside a section whose timeout allows it: no
+  launcher failure during it; outside the section (the control), a hang named during the pause (from the events).
 
-No process may outlive a run. Each run gets a unique ``NVRX_LAB_RUN_ID`` in its environment,
-which every process it starts inherits (launcher, standby zygote and its forks, attach
-processes, workers, in-process monitor processes, a checkpoint writer); once the job has exited,
-whatever still carries it after a short grace is an orphan, counted and then killed.
+No process may outlive a run: each run's unique ``NVRX_LAB_RUN_ID``, inherited by every process it starts (launcher,
+zygote and forks, attach processes, workers, monitor processes, a checkpoint writer), still carried a short grace
+after the job exited marks an orphan, counted and then killed.
 """
 
 from __future__ import annotations
@@ -123,6 +120,12 @@ def _tail(text: str, n: int = 300) -> str:
 
 
 # -- in-process ---------------------------------------------------------------------------------
+def inprocess_soak_limits(restarts: int) -> tuple[float, float]:
+    """(the job's limit: 60 s + 1.5 s a restart; the most :func:`inprocess_soak` takes: that + the run's 10 s + linger)."""
+    job = 60 + 1.5 * restarts
+    return job, job + 10 + LINGER_S
+
+
 def inprocess_soak(work: Path, restarts: int = 100) -> Row:
     """``restarts`` in-process restarts of 2 ranks in the same processes; nothing may leak.
 
@@ -134,11 +137,10 @@ def inprocess_soak(work: Path, restarts: int = 100) -> Row:
     work = Path(work)
     ev = _fresh_events(work)
     row = Row(f"in-process: {restarts} restarts in the same processes",
-              "every restart logged by both ranks; threads and fds flat, RSS <= +5 % (least of attempts 5-9 vs "
-              "of the last 5); "
-              "the limit stops the job; error lines not repeated per restart; no process left")
+              "every restart logged by both ranks; threads and fds flat, RSS <= +5 % (least of attempts 5-9 vs of the "
+              "last 5); the limit stops the job; error lines not repeated per restart; no process left")
     with timed(row):
-        limit = 60 + 1.5 * restarts
+        limit, _ = inprocess_soak_limits(restarts)
         cmd = Spawn(2, timeout=limit).argv(Worker.of("nvrx_lab.demo.inprocess_worker", steps=3, step_time=0,
                                                      faults="1:*:1:exception", max_iterations=restarts + 1,
                                                      resources=True, events=ev))
@@ -213,22 +215,23 @@ def launcher_soak(work: Path, restarts: int = 50, seed: int = 0, heartbeat_timeo
                             ["--steps", "4", "--step-time", "0.02", "--faults", plan, "--pg-timeout", "30"])
         run = _run(cmd, work, "launcher", timeout=60 + restarts * (heartbeat_timeout + 10))
         events = read_events(ev)
-        first_step: dict[tuple[int, int], float] = {}
-        for e in events:
-            if e["kind"] == "step":
-                first_step.setdefault((e["restart"], e["rank"]), e["t"])
+        first_step = {(e["restart"], e["rank"]): e["t"] for e in reversed(events) if e["kind"] == "step"}  # the first wins
         faults = {e["restart"]: e for e in events if e["kind"] == "fault" and e["rank"] == 1}
-        blamed = {(e["restart_count"], e["reason"], e["signal"]) for e in events
-                  if e["kind"] == "launcher_failure" and e["rank"] == 1}
-        recovery: dict[str, list[float]] = {"sigkill": [], "hang": []}
+        blamed = {e["restart_count"]: e for e in events if e["kind"] == "launcher_failure" and e["rank"] == 1}
+        recovery: dict[str, list[float]] = {"sigkill": [], "hang": []}  # seconds to both ranks training
+        hang_detect: list[float] = []  # a hang's detect_s
         for r, kind in enumerate(kinds):
-            f = faults.get(r)
+            f, b = faults.get(r), blamed.get(r + 1, {})
             back = [first_step.get((r + 1, rank)) for rank in (0, 1)]
-            want = (r + 1, "signal", "SIGKILL") if kind == "sigkill" else (r + 1, "hang", None)
-            ok = f is not None and f["fault"] == kind and None not in back and want in blamed
-            if row.check(ok, f"attempt {r} ({kind}): fault event {f is not None}, blamed {want in blamed}, "
+            # a kill is a signal; a hang is named only once the rank was silent for the heartbeat timeout
+            named = ((b.get("reason"), b.get("signal")) == ("signal", "SIGKILL") if kind == "sigkill" else
+                     b.get("reason") == "hang" and (b.get("detect_s") or 0) >= heartbeat_timeout)
+            ok = f is not None and f["fault"] == kind and None not in back and named
+            said = {k: b.get(k) for k in ("reason", "signal", "detect_s")}
+            if row.check(ok, f"attempt {r} ({kind}): fault event {f is not None}, rank 1 blamed {said}, "
                              f"both ranks back {None not in back}"):
                 recovery[kind].append(max(back) - f["t"])
+                hang_detect += [b["detect_s"]] if kind == "hang" else []
         done = {e["rank"] for e in events if e["kind"] == "worker_done" and e["restart"] == restarts}
         row.check(run["rc"] == 0 and done == {0, 1},
                   f"exit {run['rc']}, ranks done in attempt {restarts}: {sorted(done)}: {_tail(run['log'])}")
@@ -236,49 +239,60 @@ def launcher_soak(work: Path, restarts: int = 50, seed: int = 0, heartbeat_timeo
         row.figures = {
             "recovered": sum(len(v) for v in recovery.values()), "restarts": restarts,
             "recovery_median_s_kill": _median(recovery["sigkill"]), "recovery_median_s_hang": _median(recovery["hang"]),
+            "hang_detect_s_min": min(hang_detect, default=None),
             "orphans": len(run["orphans"]), "linger_s": round(run["linger_s"], 2), "job_s": round(run["wall_s"], 1),
         }
     return row
 
 
+def _in_pauses(events: list[dict]) -> list[tuple[dict, dict]]:
+    """``(launcher_failure, pause fault)``: a failure from a rank's pause fault event to its next step event (or the end)."""
+    steps = [e for e in events if e["kind"] == "step"]
+    pairs = []
+    for f in (e for e in events if e["kind"] == "fault" and e["fault"] == "pause"):
+        end = min((e["t"] for e in steps if e["rank"] == f["rank"] and e["t"] > f["t"]), default=float("inf"))
+        pairs += [(e, f) for e in events if e["kind"] == "launcher_failure" and f["t"] <= e["t"] <= end]
+    return pairs
+
+
 def long_section_no_false_hang(work: Path, phase_s: float = 10, heartbeat_timeout: float = 3) -> Row:
-    """A ``phase_s`` pause inside a section (timeout ``2 * phase_s``) with a steady heartbeat
-    timeout of ``heartbeat_timeout``: no restart, exit 0. Control (the same pause outside any
-    section, no restarts allowed): detected as a hang during the pause, exit 1. Two trials."""
+    """Every rank pauses ``phase_s`` in a section (timeout ``2 * phase_s``), heartbeat timeout ``heartbeat_timeout``:
+    no launcher failure until its next step; exit 0 (it may restart once, for a miss outside the pause, which fires
+    once per job: ``--fault-state``). Control, no section, no restart: a hang named during the pause. Two trials."""
     if not phase_s > heartbeat_timeout:
         raise ValueError(f"phase_s ({phase_s}) must exceed heartbeat_timeout ({heartbeat_timeout}) "
                          "or the control cannot tell a section from no section")
     work = Path(work)
     row = Row(f"launcher: {phase_s:g} s phase in a section, heartbeat timeout {heartbeat_timeout:g} s",
-              "inside the section: no restart, exit 0; control outside it: a hang; no process left")
+              "inside the section: no launcher failure during the pause, exit 0; control outside it: a hang named "
+              "during the pause; no process left")
     with timed(row):
-        slow = ["--steps", "5", "--step-time", "0.05", "--faults", f"*:0:2:pause:{phase_s:g}",
-                "--pg-timeout", str(phase_s + 60)]
         runs = {}
         for name, launcher_flags, worker_flags in (
-                ("section", dict(section_timeouts=f"checkpoint={2 * phase_s:g}"), ["--section", "checkpoint"]),
-                ("control", {}, [])):
+                ("section", dict(max_restarts=1, section_timeouts=f"checkpoint={2 * phase_s:g}"), ["--section", "checkpoint"]),
+                ("control", dict(max_restarts=0), [])):
             ev = _fresh_events(work / name)
-            cmd = _launcher_cmd(ev, heartbeat_timeout, dict(max_restarts=0, **launcher_flags),
-                                [*slow, *worker_flags])
+            slow = ["--steps", "5", "--step-time", "0.05", "--faults", f"*:2:pause:{phase_s:g}",
+                    "--fault-state", str(work / name / "fired"), "--pg-timeout", str(phase_s + 60)]
+            cmd = _launcher_cmd(ev, heartbeat_timeout, launcher_flags, [*slow, *worker_flags])
             runs[name] = (_run(cmd, work / name, "launcher", timeout=phase_s + 90), read_events(ev))
         run, events = runs["section"]
-        launcher_ev = [e["kind"] for e in events if e["kind"].startswith("launcher_")]
+        false_kills = [(e["rank"], e["reason"]) for e, _ in _in_pauses(events)]
+        resumed = {f["rank"] for f in events if f["kind"] == "fault"  # the pause ended: the rank stepped again
+                   and any(e["kind"] == "step" and e["rank"] == f["rank"] and e["t"] > f["t"] for e in events)}
         done = {e["rank"] for e in events if e["kind"] == "worker_done"}
-        row.check(run["rc"] == 0 and not launcher_ev and done == {0, 1} and not run["orphans"],
-                  f"inside the section: exit {run['rc']}, launcher events {launcher_ev}, ranks done {sorted(done)}, "
-                  f"orphans {run['orphans'][:3]}: {_tail(run['log'])}")
-        section_s = run["wall_s"]
-        run, events = runs["control"]
-        hangs = [e for e in events if e["kind"] == "launcher_failure" and e["reason"] == "hang"]
+        row.check(run["rc"] == 0 and not false_kills and resumed == done == {0, 1} and not run["orphans"],
+                  f"inside the section: exit {run['rc']}, failures during a pause {false_kills}, ranks that paused and "
+                  f"stepped again {sorted(resumed)}, done {sorted(done)}, orphans {run['orphans'][:3]}: {_tail(run['log'])}")
+        section_s, (run, events) = run["wall_s"], runs["control"]
+        hangs = [e for e, f in _in_pauses(events) if e["reason"] == "hang" and e["rank"] == f["rank"]]
         detect = min((e["detect_s"] for e in hangs if e["detect_s"] is not None), default=None)
-        row.check(run["rc"] == 1 and detect is not None and heartbeat_timeout <= detect < phase_s
-                  and not run["orphans"],
-                  f"control (no section): exit {run['rc']}, hang detected after {detect} s "
-                  f"(expected {heartbeat_timeout:g}..{phase_s:g} s), orphans {run['orphans'][:3]}: {_tail(run['log'])}")
+        row.check(run["rc"] == 1 and detect is not None and detect >= heartbeat_timeout and not run["orphans"],
+                  f"control (no section): exit {run['rc']}, hang named during a pause after {detect} s of silence "
+                  f"(timeout {heartbeat_timeout:g} s), orphans {run['orphans'][:3]}: {_tail(run['log'])}")
         row.figures = {"section_job_s": round(section_s, 1), "control_detect_s": detect and round(detect, 2),
                        "control_job_s": round(run["wall_s"], 1)}
     return row
 
 
-__all__ = ["inprocess_soak", "launcher_soak", "long_section_no_false_hang", "fault_plan"]
+__all__ = ["inprocess_soak", "inprocess_soak_limits", "launcher_soak", "long_section_no_false_hang", "fault_plan"]
