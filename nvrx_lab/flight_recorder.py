@@ -44,7 +44,8 @@ def take_dump(path: str) -> dict:
         return {"ok": False, "why": "no process group"}
     import pickle
 
-    from torch._C._distributed_c10d import _dump_fr_trace
+    # torch's _distributed_c10d.pyi omits _dump_fr_trace, which the extension defines (torch 2.13)
+    from torch._C._distributed_c10d import _dump_fr_trace  # type: ignore[attr-defined]
 
     data = _dump_fr_trace()
     entries = len(pickle.loads(data).get("entries", []))

@@ -54,7 +54,8 @@ def run(cmd: Sequence[str], timeout: float = 300, env: dict | None = None, cwd: 
         proc = subprocess.Popen(cmd, stdout=sink or subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True, cwd=cwd,
                                 env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
-        reader = None if sink else threading.Thread(target=lambda: chunks.append(proc.stdout.read()), daemon=True)
+        pipe = proc.stdout  # None when written to ``log``
+        reader = None if pipe is None else threading.Thread(target=lambda: chunks.append(pipe.read()), daemon=True)
         if reader is not None:
             reader.start()
         try:
@@ -73,7 +74,8 @@ def run(cmd: Sequence[str], timeout: float = 300, env: dict | None = None, cwd: 
             _killpg(proc.pid)
         if reader is not None:
             reader.join()
-            proc.stdout.close()
+        if pipe is not None:
+            pipe.close()
     finally:
         if sink is not None:
             sink.close()

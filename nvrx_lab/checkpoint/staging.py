@@ -172,13 +172,16 @@ class StagingBuffer:
         them; returns once the copies are done. ``planned``: their :func:`plan_slots`, if known already."""
         slots, total = planned or plan_slots(tensors)
         self.ensure(total + reserve)
+        mm = self._mm
+        if mm is None:  # ensure() maps a region or raises
+            raise RuntimeError(f"staging buffer {self.tag!r}: no region mapped after ensure({total + reserve})")
         any_cuda = False
         for t, slot in zip(tensors, slots, strict=True):
             if slot.numel == 0:
                 continue
             dst = self._views.get(slot)
             if dst is None:
-                dst = self._views[slot] = slot_view(self._mm, slot)
+                dst = self._views[slot] = slot_view(mm, slot)
             src = t.detach()
             if src.is_cuda:
                 any_cuda = True

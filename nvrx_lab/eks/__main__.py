@@ -40,7 +40,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse without abbreviations, whose errors are one line (``UsageError``) instead of usage + exit."""
 
     def __init__(self, *args, **kwargs):
-        super().__init__(*args, allow_abbrev=False, **kwargs)
+        super().__init__(*args, **{**kwargs, "allow_abbrev": False})
 
     def error(self, message: str):
         cmd = self.prog.removeprefix("python -m nvrx_lab.eks").strip()

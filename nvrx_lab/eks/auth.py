@@ -90,18 +90,27 @@ def api_client(cluster: str, region: str, session: boto3.session.Session | None 
             conf.api_key["authorization"] = eks_token(session, cluster, region)
             issued[0] = time.monotonic()
 
-    cfg.refresh_api_key_hook = refresh
-    api = kubernetes.client.ApiClient(cfg)
-    if ca_file:
-        weakref.finalize(api, _unlink, ca_file)
-        close = api.close
-        api.close = lambda: (close(), _unlink(ca_file))[0]
-    return api
+    # kubernetes declares the hook only by its default, None (the type checker reads None), and calls it as hook(cfg)
+    cfg.refresh_api_key_hook = refresh  # type: ignore[assignment]
+    return _CaFileClient(cfg, ca_file) if ca_file else kubernetes.client.ApiClient(cfg)
 
 
 def _unlink(path: str) -> None:
     with contextlib.suppress(OSError):
         os.unlink(path)
+
+
+class _CaFileClient(kubernetes.client.ApiClient):
+    """An ApiClient whose certificate authority is a file of its own: removed when it closes or is garbage-collected."""
+
+    def __init__(self, cfg: kubernetes.client.Configuration, ca_file: str):
+        super().__init__(cfg)
+        self.ca_file = ca_file
+        weakref.finalize(self, _unlink, ca_file)
+
+    def close(self) -> None:
+        super().close()
+        _unlink(self.ca_file)
 
 
 def _api_message(exc: ApiException) -> str:

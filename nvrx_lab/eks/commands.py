@@ -70,22 +70,23 @@ class Flag:
 def launch_head(s: JobSpec) -> PodTorchrun | Launcher:
     """The pod's launcher as a structured command: torchrun (static store on rank 0) or ``nvrx_lab.launcher``
     (c10d rendezvous, in-job restarts). Values are the pod's ``${VAR}`` references."""
-    common = dict(nnodes="${NNODES}", nproc_per_node="${NPROC_PER_NODE}")
+    nnodes, nproc = "${NNODES}", "${NPROC_PER_NODE}"
     if s.mode_info.replicated:  # the group's own c10d rendezvous: torchrun replaces its workers in the pod
         conf = (f"is_host=${{IS_RDZV_HOST}},join_timeout={s.rdzv_join_timeout},read_timeout={s.rdzv_read_timeout},"
                 f"keep_alive_interval={math.ceil(s.rdzv_timing[0])}")  # torchrun's parser: whole seconds
-        return PodTorchrun(**common, rdzv_backend="c10d", rdzv_endpoint="${RANK0_HOST}:${RDZV_PORT}", rdzv_id=s.name,
-                           rdzv_conf=conf, max_restarts=s.launcher.max_restarts,
-                           monitor_interval=s.launcher.monitor_interval)
+        return PodTorchrun(nnodes=nnodes, nproc_per_node=nproc, rdzv_backend="c10d",
+                           rdzv_endpoint="${RANK0_HOST}:${RDZV_PORT}", rdzv_id=s.name, rdzv_conf=conf,
+                           max_restarts=s.launcher.max_restarts, monitor_interval=s.launcher.monitor_interval)
     if not s.mode_info.uses_launcher:
-        return PodTorchrun(**common, node_rank="${JOB_COMPLETION_INDEX}", master_addr="${RANK0_HOST}",
-                           master_port="${MASTER_PORT}", rdzv_conf=f"timeout={s.rdzv_join_timeout}", max_restarts=0)
+        return PodTorchrun(nnodes=nnodes, nproc_per_node=nproc, node_rank="${JOB_COMPLETION_INDEX}",
+                           master_addr="${RANK0_HOST}", master_port="${MASTER_PORT}",
+                           rdzv_conf=f"timeout={s.rdzv_join_timeout}", max_restarts=0)
     conf = (f"is_host=${{IS_RDZV_HOST}},join_timeout={s.rdzv_join_timeout},read_timeout={s.rdzv_read_timeout},"
             f"rejoin_read_timeout={s.rdzv_rejoin_read_timeout},keep_alive_interval={s.rdzv_timing[0]:g},"
             f"poll_interval={s.rdzv_timing[1]:g}")
     on_line = {name: getattr(s.launcher, name) for name in COMMAND_LINE}
-    return Launcher(**common, rdzv_backend="c10d", rdzv_endpoint="${RANK0_HOST}:${RDZV_PORT}", rdzv_id=s.name,
-                    rdzv_conf=conf, local_addr="${NODE_ADDR}",
+    return Launcher(nnodes=nnodes, nproc_per_node=nproc, rdzv_backend="c10d", rdzv_endpoint="${RANK0_HOST}:${RDZV_PORT}",
+                    rdzv_id=s.name, rdzv_conf=conf, local_addr="${NODE_ADDR}",
                     settings=LauncherConfig(**on_line, metrics_file="${RUN_DIR}/metrics.jsonl",
                                             mark_node="${NODE_NAME}" if rbac.marks_nodes(s) else ""),
                     config="${LAUNCHER_CONFIG}")

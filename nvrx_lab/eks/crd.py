@@ -79,7 +79,10 @@ def is_custom(kind: str, api_version: str) -> bool:
 def crd_violations(manifest: dict, version: str) -> list[str]:
     """Every violation of one custom object (``JobSet``) as ``path: message`` (``Kind/name:`` added by the caller)."""
     kind, api = manifest["kind"], manifest["apiVersion"]
-    errors = [(list(e.absolute_path), e.message) for e in _crd_validator(kind, api).iter_errors(manifest)]
+    validator = _crd_validator(kind, api)
+    if validator is None:
+        raise ValueError(f"{kind} {api}: not a custom object with a vendored schema (see is_custom)")
+    errors = [(list(e.absolute_path), e.message) for e in validator.iter_errors(manifest)]
     meta = manifest.get("metadata")
     errors += [(["metadata", *e.absolute_path], e.message)
                for e in _core_validator("io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta", version).iter_errors(meta)]
@@ -92,7 +95,7 @@ def crd_violations(manifest: dict, version: str) -> list[str]:
         for i, rj in enumerate(jobs if isinstance(jobs, list) else []):
             spec = ((rj or {}).get("template") or {}).get("spec") if isinstance(rj, dict) else None
             if isinstance(spec, dict):
-                path = ["spec", "replicatedJobs", i, "template", "spec"]
+                path: list[str | int] = ["spec", "replicatedJobs", i, "template", "spec"]
                 errors += [([*path, *e.absolute_path], f"{e.message} (Kubernetes {version} JobSpec)")
                            for e in _core_validator("io.k8s.api.batch.v1.JobSpec", version).iter_errors(spec)]
     return sorted(f"{'.'.join(map(str, p)) or '(root)'}: {m}" for p, m in errors)

@@ -28,6 +28,8 @@ def quantity(value: str) -> float:
 def _total(value: str, nodes: int) -> str:
     """``value`` x ``nodes`` in ``value``'s unit."""
     m = re.fullmatch(r"(\d+(?:\.\d+)?)(m|Mi|Gi|Ti)?", str(value))
+    if m is None:
+        raise ValueError(f"not a Kubernetes quantity this module reads: {value!r}")
     number = float(m.group(1)) * nodes
     return f"{number:g}{m.group(2) or ''}"
 

@@ -98,7 +98,8 @@ def volume(spec: JobSpec, core: kubernetes.client.CoreV1Api) -> Finding:
     if spec.fsx_volume_handle:
         return Finding("volume", True, f"volume: this submit creates the FSx volume and claim {spec.fsx_claim}")
     try:
-        phase = core.read_namespaced_persistent_volume_claim(spec.fsx_claim, spec.namespace).status.phase
+        status = core.read_namespaced_persistent_volume_claim(spec.fsx_claim, spec.namespace).status
+        phase = status.phase if status is not None else None
     except ApiException as exc:
         if exc.status != 404:
             raise
@@ -137,7 +138,8 @@ def nodes(spec: JobSpec, core: kubernetes.client.CoreV1Api) -> Finding:
 def pod_security(spec: JobSpec, core: kubernetes.client.CoreV1Api) -> Finding:
     """The namespace's enforced Pod Security level admits ``IPC_LOCK``."""
     try:
-        labels = core.read_namespace(spec.namespace).metadata.labels or {}
+        meta = core.read_namespace(spec.namespace).metadata
+        labels = (meta.labels if meta is not None else None) or {}
     except ApiException as exc:
         if exc.status == 403:
             return Finding("pod security", True, f"namespace {spec.namespace}: its Pod Security level not checked (this "

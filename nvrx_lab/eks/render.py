@@ -150,7 +150,7 @@ def container(s: JobSpec) -> dict:
     env += [{"name": k, "value": v} for k, v, _ in env_vars(s)]
     env += [{"name": var, "valueFrom": {"secretKeyRef": {"name": ref.partition("/")[0], "key": ref.partition("/")[2],
                                                          "optional": True}}} for var, ref in s.secret_env.items()]
-    mounts = [{"name": "fsx", "mountPath": s.mount_path}, {"name": "shm", "mountPath": "/dev/shm"}]
+    mounts: list[dict[str, str | bool]] = [{"name": "fsx", "mountPath": s.mount_path}, {"name": "shm", "mountPath": "/dev/shm"}]
     if s.mode_info.uses_launcher:
         mounts.append({"name": "launcher-config", "mountPath": commands.CONFIG_DIR, "readOnly": True})
     if s.hugepages_2mi:

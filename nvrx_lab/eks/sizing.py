@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from nvrx_lab.eks.instances import instance_type
 from nvrx_lab.shapes import ModelConfig
@@ -24,6 +24,7 @@ activation checkpointing, NCCL's buffers, the allocator's slack)."""
 
 if TYPE_CHECKING:
     from nvrx_lab.eks.spec import JobSpec
+    from nvrx_lab.runner import LauncherConfig
 
 
 def shards(s: JobSpec) -> int:
@@ -44,7 +45,13 @@ def checkpointed_gib(s: JobSpec) -> float:
 
 @functools.lru_cache(maxsize=64)
 def _state_size(model: str, n: int, staged: bool) -> StateSize:
-    return state_size(ModelConfig(preset=model), n, bf16=True, staged=staged)
+    return state_size(model_config(model), n, bf16=True, staged=staged)
+
+
+def model_config(name: str) -> ModelConfig:
+    """The preset ``name`` (a JobSpec's ``model``: any string) as a ``ModelConfig``, whose own check refuses a name that
+    is no preset (``ValueError`` naming them): the type checker's ``Literal`` of names is what that check ensures."""
+    return ModelConfig(preset=cast(Any, name))
 
 
 def replicate(extra: tuple[str, ...]) -> int:
@@ -77,7 +84,7 @@ def collective_timeout(s: JobSpec) -> float:
     return max(SHORTEST_COLLECTIVE_TIMEOUT, floor, blocking)
 
 
-def with_save_timeout(s: JobSpec):
+def with_save_timeout(s: JobSpec) -> LauncherConfig:
     """``s.launcher``, whose ``checkpoint`` section, where it sets none, lasts twice :func:`save_seconds` in whole
     minutes and 600 s at least (600 s without checkpoints, or with a model the checks refuse)."""
     if "checkpoint" in s.launcher.section_timeouts:
@@ -92,7 +99,7 @@ def with_save_timeout(s: JobSpec):
 def check_model(s: JobSpec) -> None:
     """The preset exists, the data path is one every pod can read, and the state fits the GPUs."""
     try:
-        ModelConfig(preset=s.model)
+        model_config(s.model)
     except ValueError as e:
         _fail("model", str(e).removeprefix("--model "))
     if s.data and not s.data.startswith("/"):

@@ -40,7 +40,7 @@ from nvrx_lab.eks.spec import JobSpec
 from nvrx_lab.eks.validate import validate
 from nvrx_lab.eks.watch import WATCH, Watch
 from nvrx_lab.eks.watch import watch as follow
-from nvrx_lab.eks.workload import Workload
+from nvrx_lab.eks.workload import Workload, body
 from nvrx_lab.net import wait_for
 
 
@@ -86,15 +86,16 @@ def _ensure(core: kubernetes.client.CoreV1Api, m: dict) -> str:
     """Read first, create only when missing; a 403 on both for a cluster-scoped object means 'not ours to see'."""
     kind, name, ns = m["kind"], m["metadata"]["name"], m["metadata"].get("namespace")
     rbac = kubernetes.client.RbacAuthorizationV1Api(core.api_client)
-    read, create = {"Namespace": (lambda: core.read_namespace(name), lambda: core.create_namespace(m)),
+    read, create = {"Namespace": (lambda: core.read_namespace(name), lambda: core.create_namespace(body(m))),
                     "ServiceAccount": (lambda: core.read_namespaced_service_account(name, ns),
-                                       lambda: core.create_namespaced_service_account(ns, m)),
-                    "ClusterRole": (lambda: rbac.read_cluster_role(name), lambda: rbac.create_cluster_role(m)),
+                                       lambda: core.create_namespaced_service_account(ns, body(m))),
+                    "ClusterRole": (lambda: rbac.read_cluster_role(name), lambda: rbac.create_cluster_role(body(m))),
                     "ClusterRoleBinding": (lambda: rbac.read_cluster_role_binding(name),
-                                           lambda: rbac.create_cluster_role_binding(m)),
-                    "PersistentVolume": (lambda: core.read_persistent_volume(name), lambda: core.create_persistent_volume(m)),
+                                           lambda: rbac.create_cluster_role_binding(body(m))),
+                    "PersistentVolume": (lambda: core.read_persistent_volume(name),
+                                         lambda: core.create_persistent_volume(body(m))),
                     "PersistentVolumeClaim": (lambda: core.read_namespaced_persistent_volume_claim(name, ns),
-                                              lambda: core.create_namespaced_persistent_volume_claim(ns, m))}[kind]
+                                              lambda: core.create_namespaced_persistent_volume_claim(ns, body(m)))}[kind]
     try:
         read()
         return f"exists {kind}/{name}"
@@ -135,8 +136,8 @@ def _create_or_replace(api: kubernetes.client.ApiClient, m: dict, top: Workload,
     kind, name, ns = m["kind"], m["metadata"]["name"], m["metadata"].get("namespace")
     if kind in KEEP:
         return _ensure(core, m)
-    create = {"ConfigMap": lambda: core.create_namespaced_config_map(ns, m),
-              "Service": lambda: core.create_namespaced_service(ns, m),
+    create = {"ConfigMap": lambda: core.create_namespaced_config_map(ns, body(m)),
+              "Service": lambda: core.create_namespaced_service(ns, body(m)),
               top.kind: lambda: top.create(m)}[kind]
     try:
         create()
@@ -148,9 +149,9 @@ def _create_or_replace(api: kubernetes.client.ApiClient, m: dict, top: Workload,
         raise EksError(f"{kind} {ns}/{name} already exists (from an earlier job of this name?): pass replace=True "
                        "(CLI: --replace) to replace it, or choose another name")
     if kind == "ConfigMap":
-        core.replace_namespaced_config_map(name, ns, m)
+        core.replace_namespaced_config_map(name, ns, body(m))
     elif kind == "Service":
-        core.replace_namespaced_service(name, ns, m)
+        core.replace_namespaced_service(name, ns, body(m))
     else:  # a Job's (a JobSet's) template is immutable: delete it with its pods, wait until it is gone, create again
         _delete(top, wait_s)
         create()

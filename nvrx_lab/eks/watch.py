@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
 
 import kubernetes.client
 from tqdm.auto import tqdm
@@ -23,6 +24,9 @@ from nvrx_lab.eks.render import CONTAINER, INDEX_ANNOTATION
 from nvrx_lab.eks.spec import JobSpec
 from nvrx_lab.eks.workload import Workload
 from nvrx_lab.net import wait_for
+
+if TYPE_CHECKING:
+    from urllib3 import BaseHTTPResponse
 
 GOODPUT_PREFIX = "GOODPUT "
 
@@ -85,7 +89,9 @@ class _Rank0Log:
 
     def _run(self, pod: str) -> None:
         try:
-            resp = self.core.read_namespaced_pod_log(pod, self.ns, container=CONTAINER, follow=True, _preload_content=False)
+            # kubernetes annotates "-> str"; with _preload_content=False it returns urllib3's response, unread
+            resp = cast("BaseHTTPResponse", self.core.read_namespaced_pod_log(pod, self.ns, container=CONTAINER, follow=True,
+                                                                              _preload_content=False))
             buf = b""
             for chunk in resp.stream(4096):
                 buf += chunk
@@ -138,7 +144,7 @@ def event_reason(core, namespace: str, pod) -> str:
     return f"{newest.reason}: {newest.message}" if newest else ""
 
 
-def _report_waiting(pods: dict[int, object], waiting: dict[int, str], say: Callable[[str], None], core=None,
+def _report_waiting(pods: dict[int, Any], waiting: dict[int, str], say: Callable[[str], None], core=None,
                     namespace: str = "") -> None:
     """Update ``waiting`` from pending ``pods``; say each new reason once, with the indexes it holds back."""
     fresh: dict[str, list[int]] = {}
@@ -223,13 +229,15 @@ def watch(api: kubernetes.client.ApiClient, spec: JobSpec, settings: Watch, echo
     core, top = kubernetes.client.CoreV1Api(api), Workload(api, spec)
     log = _Rank0Log(core, spec.namespace, echo)
     seen = _Seen(settings, {} if waiting is None else waiting, echo)
-    deadline, why = time.monotonic() + settings.timeout_s, []
+    deadline = time.monotonic() + settings.timeout_s
+    why: list[str] = []  # what verdict() said, when it ended the run
 
-    def look() -> str | None:
+    def look() -> str:
+        """How the run ended (``Succeeded``, ``Failed``, ``stuck``, ``evicted``), or '' while it has not."""
         if (ended := _look(core, top, spec, seen, log, bar)) is None and (cause := seen.verdict()):
             why.append(cause)
             return cause.split(":")[0]
-        return ended
+        return ended or ""
 
     with tqdm(total=spec.pods, desc=f"{spec.name} pods running", unit="pod") as bar:
         try:

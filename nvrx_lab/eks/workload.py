@@ -8,6 +8,8 @@ ended, describes what it is doing and deletes it with its pods. A JobSet is a cu
 
 from __future__ import annotations
 
+from typing import Any
+
 import kubernetes.client
 from kubernetes.client.rest import ApiException
 
@@ -15,6 +17,12 @@ from nvrx_lab.eks.spec import JobSpec
 
 GROUP, VERSION, PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 CRD = f"{PLURAL}.{GROUP}"
+
+
+def body(manifest: dict) -> Any:
+    """``manifest`` as a request's body: every client since 30 takes an object's dict form, though 37's annotations
+    name only its model (``V1Job``), which older clients cannot build from a dict (no ``model_validate``)."""
+    return manifest
 
 
 class Workload:
@@ -27,7 +35,7 @@ class Workload:
 
     def create(self, manifest: dict) -> None:
         if self.kind == "Job":
-            self.batch.create_namespaced_job(self.ns, manifest)
+            self.batch.create_namespaced_job(self.ns, body(manifest))
         else:
             self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, manifest)
 
@@ -37,8 +45,10 @@ class Workload:
             if self.kind == "Job":
                 obj = self.batch.read_namespaced_job_status(self.name, self.ns)
                 return self.api.sanitize_for_serialization(obj).get("status") or {}
-            return self.custom.get_namespaced_custom_object_status(GROUP, VERSION, self.ns, PLURAL, self.name).get(
-                "status") or {}
+            found = self.custom.get_namespaced_custom_object_status(GROUP, VERSION, self.ns, PLURAL, self.name)
+            if not isinstance(found, dict):  # kubernetes annotates it "object": the API's JSON object
+                raise TypeError(f"{self}: the API returned {type(found).__name__}, not a JSON object")
+            return found.get("status") or {}
         except ApiException as exc:
             if exc.status in (403, 404):
                 return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -103,8 +104,8 @@ def _annotate(doc: str, kind: str, env_why: dict[str, str]) -> str:
     out, seen = [], set()
     for line in doc.splitlines():
         m = re.match(r"^(\s*)(- )?([A-Za-z][\w]*):", line)
-        why = m and (KEY_WHY.get(f"{kind}.{m.group(3)}") or KEY_WHY.get(m.group(3)))
-        if why and m.group(3) not in seen and not m.group(2):
+        why = (KEY_WHY.get(f"{kind}.{m.group(3)}") or KEY_WHY.get(m.group(3))) if m else None
+        if m and why and m.group(3) not in seen and not m.group(2):
             seen.add(m.group(3))
             out.append(f"{m.group(1)}# {why}")
         e = re.match(r"^(\s*)- name: ([A-Z_][A-Z0-9_]*)$", line)
@@ -132,9 +133,10 @@ EXAMPLE = dict(image="123456789012.dkr.ecr.us-west-2.amazonaws.com/nvrx-lab:0.1.
 REGEN = "python -m nvrx_lab.eks render --out manifests/"
 
 
-REAL_JOB = dict(name="llama3-8b", model="llama3.1-8b", nodes=16, spare_nodes=1, mode="ft_launcher", ckpt="async",
-                ckpt_interval=200, local_ckpt_interval=20, data="/fsx/data/llama3", steps=10000,
-                train_extra=("--activation-checkpointing", "true"), fsx_volume_handle="", fsx_dns_name="", fsx_mount_name="")
+REAL_JOB: dict[str, Any] = dict(  # JobSpec's fields (dataclasses.replace checks the names)
+    name="llama3-8b", model="llama3.1-8b", nodes=16, spare_nodes=1, mode="ft_launcher", ckpt="async", ckpt_interval=200,
+    local_ckpt_interval=20, data="/fsx/data/llama3", steps=10000, train_extra=("--activation-checkpointing", "true"),
+    fsx_volume_handle="", fsx_dns_name="", fsx_mount_name="")
 """The Llama 3.1 8B job on 16 p5 nodes and one hot spare that :func:`manifest_files` renders beside the modes'
 examples: the launcher's in-pod restarts, async checkpoints to FSx every 200 steps and local ones every 20, two
 sequences of 8,192 tokens a GPU (2 M tokens a step), activation checkpointing."""
@@ -154,9 +156,11 @@ def manifest_files(nodes: int = 2, **overrides) -> dict[str, str]:
         for name in MODES:
             if workload == "jobset" and MODES[name].replicated:
                 continue
-            groups = dict(replica_groups=3, min_replicas=2) if MODES[name].replicated else {}
+            replicated = MODES[name].replicated
             spec = dataclasses.replace(base, name=f"nvrx-{mode_slug(name)}", mode=name, workload=workload,
-                                       fsx_volume_handle="", fsx_dns_name="", fsx_mount_name="", **groups)
+                                       fsx_volume_handle="", fsx_dns_name="", fsx_mount_name="",
+                                       replica_groups=3 if replicated else base.replica_groups,
+                                       min_replicas=2 if replicated else base.min_replicas)
             head = f"{stamp}\nmode {name} as {what}: {spec.mode_info.summary}."
             if spec.mode_info.replicated:
                 head += f"\nOnce, before the first apply (the coordinator's and every rank's key):\n  {secret_command(spec)}"

@@ -88,7 +88,7 @@ def mixed_state(total_bytes: int, device: torch.device) -> tuple[dict, dict]:
     fp32 = [torch.randn(rows(0.15, 4), cols, device=device, generator=g) for _ in range(4)]
     bf16 = torch.randn(rows(0.1, 2), cols, device=device, generator=g).to(torch.bfloat16)
     tied = torch.randn(rows(0.1, 4), cols, device=device, generator=g)
-    state = {f"fp32_{i}": t for i, t in enumerate(fp32)}
+    state: dict[str, torch.Tensor | int] = {f"fp32_{i}": t for i, t in enumerate(fp32)}
     state.update(bf16_t=bf16.t(),  # a non-contiguous view
                  int64=torch.randint(-2**62, 2**62, (rows(0.1, 8), cols), device=device, generator=g),
                  mask=torch.rand(rows(0.05, 1), cols, device=device, generator=g) > 0.5,
@@ -187,19 +187,20 @@ def check_inprocess_memory(work: Path, device: str, model: list[str], timeout: f
         return Result("c. in-process memory", False, detail=f"exit {res.returncode}, restarts "
                       f"{[(e['iteration'], e['cause']) for e in restarts]}{hint(res.output)}",
                       lines=[tail(res.output)])
-    peaks = [e.get("cuda_peak_bytes") for e in restarts]
-    left = [e.get("cuda_left_bytes") for e in restarts]
-    end = [e.get("cuda_peak_bytes") for e in read_events(metrics, "end")]  # if the trainer reports it
-    if device == "cpu" or None in peaks:
+    # a restart event has both figures or neither (inprocess.teardown.cuda_memory)
+    if device == "cpu" or any(e.get(k) is None for e in restarts for k in ("cuda_peak_bytes", "cuda_left_bytes")):
         return Result("c. in-process memory", device == "cpu", "no CUDA figures (CPU dry run)" if device == "cpu"
                       else "", "" if device == "cpu" else f"restart events lack CUDA figures: {restarts}")
-    peaks += [p for p in end if p is not None]
+    peaks: list[int] = [e["cuda_peak_bytes"] for e in restarts]
+    left: list[int] = [e["cuda_left_bytes"] for e in restarts]
+    # the end event's peak too, if the trainer reports it
+    peaks += [p for e in read_events(metrics, "end") if (p := e.get("cuda_peak_bytes")) is not None]
     gb = lambda xs: "/".join(f"{x / GiB:.2f}" for x in xs)  # noqa: E731
     figures = f"peak per attempt {gb(peaks)} GiB; left after each restart {gb(left)} GiB"
     grown = [i for i, p in enumerate(peaks[1:], 1) if p > peaks[0] * 1.05 + 64 * 2**20]
     kept = [i for i, x in enumerate(left) if x > max(256 * 2**20, 0.02 * peaks[0])]
-    detail = "; ".join(filter(None, [grown and f"attempt(s) {grown} peaked above attempt 0",
-                                     kept and f"memory kept after restart(s) {kept}"]))
+    detail = "; ".join(filter(None, [f"attempt(s) {grown} peaked above attempt 0" if grown else "",
+                                     f"memory kept after restart(s) {kept}" if kept else ""]))
     return Result("c. in-process memory", not (grown or kept), figures, detail)
 
 

@@ -50,7 +50,7 @@ def member(replica: int, port: int, device: str) -> int:
     survivors = Quorum(3, 1, tuple(m for m in MEMBERS if m != HUNG), None)
     t0, shrink = time.monotonic(), group.can_shrink(survivors)
     if shrink:
-        new = group.shrink(survivors, replica, aborted.is_set)
+        new = group.shrink(survivors, replica).ready(aborted.is_set)  # begun by shrink(), met here (as connect() does)
     else:
         group.close()
         new = ReplicaGroup(store, survivors, replica, 0, dev, timeout_s=120).connect(aborted.is_set)

@@ -23,9 +23,17 @@ PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12, "A1
 WARM_STEPS = 3
 
 
+def _shape(cfg: ModelConfig, name: str) -> int:
+    """A shape of ``cfg``, which ``ModelConfig.__post_init__`` filled from its preset when left unset."""
+    value = getattr(cfg, name)
+    if not isinstance(value, int):
+        raise TypeError(f"ModelConfig.{name} is {value!r}: not resolved from preset {cfg.preset!r}")
+    return value
+
+
 def model_flops_per_token(cfg: ModelConfig) -> float:
     """6 N + 12 L d s: forward and backward of every parameter, and attention's scores and mixing."""
-    return 6 * parameter_count(cfg) + 12 * cfg.n_layers * cfg.dim * cfg.seq_len
+    return 6 * parameter_count(cfg) + 12 * _shape(cfg, "n_layers") * _shape(cfg, "dim") * _shape(cfg, "seq_len")
 
 
 def peak_flops(device_name: str) -> float | None:
@@ -34,8 +42,10 @@ def peak_flops(device_name: str) -> float | None:
 
 def check_throughput(work: Path, device: str, device_name: str, timeout: float) -> tuple[bool, str, str, list[str]]:
     """(ok, figures, problems, output lines)."""
-    model = ["--model", "llama3.2-1b", "--seq-len", "2048", "--global-batch", "8"] if device == "cuda" else \
-        ["--model", "tiny", "--global-batch", "4"]
+    cfg = ModelConfig(preset="llama3.2-1b", seq_len=2048) if device == "cuda" else ModelConfig(preset="tiny")
+    batch = 8 if device == "cuda" else 4
+    model = ["--model", cfg.preset, "--seq-len", str(cfg.seq_len), "--global-batch", str(batch)] if device == "cuda" \
+        else ["--model", cfg.preset, "--global-batch", str(batch)]
     metrics, ckpt = work / "g.jsonl", work / "g-ckpt"
     res = run([sys.executable, *trainer("--device", device, *model, "--precision", "bf16", "--activation-checkpointing",
                                         "true", "--steps", "20", "--ckpt", "async", "--ckpt-interval", "10",
@@ -43,9 +53,8 @@ def check_throughput(work: Path, device: str, device_name: str, timeout: float) 
     steps = read_events(metrics, "step") if metrics.exists() else []
     if res.returncode != 0 or len(steps) != 20:
         return False, "", f"exit {res.returncode}, {len(steps)} of 20 steps", [res.output[-2500:]]
-    cfg = ModelConfig(preset=model[1], seq_len=int(model[3]) if device == "cuda" else None)
     step_s = statistics.median(e["step_time"] for e in steps[WARM_STEPS:])
-    tokens_s = int(model[-1]) * cfg.seq_len / step_s
+    tokens_s = batch * _shape(cfg, "seq_len") / step_s
     peak = peak_flops(device_name)
     mfu = f"MFU {tokens_s * model_flops_per_token(cfg) / peak:.1%} of {peak / 1e12:.0f} TFLOP/s" if peak else \
         f"MFU: no bf16 peak known for {device_name!r}"

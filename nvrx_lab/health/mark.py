@@ -42,7 +42,8 @@ def mark(node: str, failures: Sequence, client=None) -> str:
         import kubernetes
 
         core = kubernetes.client.CoreV1Api(client or api_client())
-        taints = core.read_node(node).spec.taints or []
+        spec = core.read_node(node).spec
+        taints = (spec.taints if spec is not None else None) or []
         evidence = "; ".join(v.line() for v in failures)[:1000]
         body: dict = {"metadata": {"labels": {LABEL: "failed"}, "annotations": {ANNOTATION: evidence}}}
         if not any(t.key == TAINT for t in taints):
