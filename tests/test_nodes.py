@@ -65,7 +65,8 @@ def test_a_repeat_offender_leaves_on_its_health_check_and_a_spare_takes_its_plac
     assert sorted(roles.values()) == [0, 1], (roles, log)
     bad, spare = next(i for i, r in roles.items() if r == 1), ({0, 1, 2} - set(roles)).pop()
     assert f"node {bad} attempt 0: [nvrx-lab-launch] rendezvous: admitted as node 1 of 2 in round 0" in log, log
-    assert job["injected"] == 1 and job["unhealthy_exits"] == 1 and job["pod_failures"] == 1, log
+    said = f"roles {roles}, exits {job['exits']}, pod failures {job['pod_failures']}\n{log}"
+    assert job["injected"] == 1 and job["unhealthy_exits"] == 1 and job["pod_failures"] == 1, said
     assert f"node {bad} attempt 0: [nvrx-lab-launch] health check failed: nic: 1 port(s) not active" in log, log
     # a later round, whichever: the lost node's keep-alive may expire before or after the survivor's first new round
     assert re.search(rf"node {spare} attempt 0: \[nvrx-lab-launch\] rendezvous: admitted as node 1 of 2 in round [1-9]", log), log

@@ -191,7 +191,7 @@ def run_job(restart: str, kind: str, a, workdir: Path) -> dict:
             "detect": [e["detect_s"] for e in ev if e["kind"] == "launcher_failure" and e.get("detect_s")],
             "respawn": [e["respawn_s"] for e in ev if e["kind"] == "launcher_restart" and e.get("respawn_s")],
             "left": left, "error": error, "restart_log": lines, "wall_s": time.monotonic() - t0, "events": events,
-            "trained": offender.trained(ev), "roles": roles,
+            "trained": offender.trained(ev), "roles": roles, "exits": {p.index: p.returncodes for p in job.run.pods},
             "unhealthy_exits": sum(job.run.pods[i].returncodes.count(UNHEALTHY) for i, r in roles.items() if r == a.node)}
 
 

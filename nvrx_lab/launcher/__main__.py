@@ -12,12 +12,13 @@ handling read them), never a channel to our own modules.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import sys
 import tempfile
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from nvrx_lab.exit_codes import NO_PROGRESS, RENDEZVOUS_CLOSED, UNHEALTHY
 from nvrx_lab.launcher.cli import ConfigError, parse, trace_dump_prefix
@@ -243,5 +244,19 @@ def exit_status(result, agent, restart_log, max_restarts: int) -> int:
     return 1
 
 
+def run() -> NoReturn:
+    """The process's way out (``python -m nvrx_lab.launcher``, ``nvrx-lab-launch``): :func:`main`'s code, without the
+    interpreter's teardown. A node that leaves on a failed health check (exit 5) still has torch's rendezvous
+    keep-alive thread and store clients alive; tearing the interpreter down under them aborted it (SIGABRT, 4 runs in
+    20 beside two busy loops), so the pod ended -6, not 5: its ``podFailurePolicy`` rule did not match and the pod was
+    retried on the same bad node. What the launcher owns is closed by then (:func:`_close`); streams and logging are
+    flushed here."""
+    code = main()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
