@@ -11,7 +11,7 @@ import pytest
 from nvrx_lab.eks import JobSpec, render
 from nvrx_lab.eks.kueue import kueue_objects
 from nvrx_lab.eks.local import LocalJob, LocalOptions
-from nvrx_lab.eks.local_roles import describe, node_ranks
+from nvrx_lab.eks.local_roles import describe, node_ranks, pod_with, waiting
 from nvrx_lab.eks.render import find
 from nvrx_lab.net import wait_for
 from nvrx_lab.observe.events import read_events
@@ -67,7 +67,7 @@ def test_a_spare_takes_a_lost_nodes_place_before_its_replacement_pod_starts(tmp_
                  interval=0.1)
         roles = node_ranks(job, events, nproc=1)
         assert sorted(roles.values()) == [0, 1], roles
-        lost_pod, spare = next(i for i, r in roles.items() if r == 1), ({0, 1, 2} - set(roles)).pop()
+        lost_pod, [spare] = pod_with(roles, 1), waiting(roles, 3)
         print(f"roles in the first round: {describe(roles, 3)}; losing pod {lost_pod}")
         lost = job.lose_node(lost_pod)
         wait_for(lambda: job.poll() or bool(_steps(events, lost)), 60, "training after the loss", interval=0.1)

@@ -8,6 +8,7 @@ import re
 import pytest
 
 from nvrx_lab.bench import nodes
+from nvrx_lab.eks.local_roles import pod_with, waiting
 from nvrx_lab.observe.events import read_events
 from nvrx_lab.reliability.trainer import curve_problem
 
@@ -63,7 +64,7 @@ def test_a_repeat_offender_leaves_on_its_health_check_and_a_spare_takes_its_plac
     assert job["error"] is None and job["left"] == [], job["error"]
     roles = job["roles"]  # pod -> node rank in the first round; the pod it left out waited as the spare
     assert sorted(roles.values()) == [0, 1], (roles, log)
-    bad, spare = next(i for i, r in roles.items() if r == 1), ({0, 1, 2} - set(roles)).pop()
+    bad, [spare] = pod_with(roles, 1), waiting(roles, 3)
     assert f"node {bad} attempt 0: [nvrx-lab-launch] rendezvous: admitted as node 1 of 2 in round 0" in log, log
     said = f"roles {roles}, exits {job['exits']}, pod failures {job['pod_failures']}\n{log}"
     assert job["injected"] == 1 and job["unhealthy_exits"] == 1 and job["pod_failures"] == 1, said

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from nvrx_lab.eks.local import LocalJob
-from nvrx_lab.eks.local_roles import describe, held, hold, node_ranks, trainers
+from nvrx_lab.eks.local_roles import describe, held, hold, node_ranks, pod_with, trainers
 from nvrx_lab.exit_codes import UNHEALTHY
 from nvrx_lab.net import wait_for
 from nvrx_lab.observe.events import read_events
@@ -83,7 +83,7 @@ def strike(job: LocalJob, events: Path, a, kind: str, over) -> tuple[list[float]
             if (fault := held(events)) is None:
                 return False
             roles = node_ranks(job, events, a.nproc)
-            bad = next(i for i, r in roles.items() if r == a.node)
+            bad = pod_with(roles, a.node)
             print(f"[nodes] {kind}: roles in the first round: {describe(roles, len(job.run.pods))}; the bad node is "
                   f"node rank {a.node} (pod {bad})", flush=True)
             pid = next((pid for pid, rank in trainers(job, bad, events) if rank == fault["rank"]), None)

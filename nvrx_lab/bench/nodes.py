@@ -42,7 +42,7 @@ from nvrx_lab.bench._procs import TAG_VAR, leftovers, new_tag
 from nvrx_lab.cli import Parser
 from nvrx_lab.eks import JobSpec, LocalRun, render
 from nvrx_lab.eks.local import LocalJob, LocalOptions
-from nvrx_lab.eks.local_roles import describe, held, hold, node_ranks
+from nvrx_lab.eks.local_roles import describe, held, hold, node_ranks, pod_with
 from nvrx_lab.eks.render import find
 from nvrx_lab.exit_codes import UNHEALTHY
 from nvrx_lab.net import wait_for
@@ -135,7 +135,7 @@ def strike(job: LocalJob, events: Path, a, memory: Path, deadline: float) -> Non
 
         wait_for(due, deadline - time.monotonic(), f"node rank {a.node} held at step {step}", interval=0.05)
         ranks = node_ranks(job, events, a.nproc, since)
-        node = next(i for i, r in ranks.items() if r == a.node)
+        node = pod_with(ranks, a.node)
         print(f"[nodes] losing node rank {a.node} (pod {node}) at step {step}: {describe(ranks, len(job.run.pods))}",
               flush=True)
         since = job.lose_node(node, wipe=[memory / f"node-{node}"])

@@ -5,7 +5,8 @@ their sort key (the completion index): with a spare, "node 1" is whichever pod t
 pod 1. A test or a benchmark that strikes a node names it by its role and finds its pod here, from the trainers'
 ``start`` events (each with its rank and pid) and each pod's process tree, so nothing depends on who came first::
 
-    pod = wait_for(lambda: pod_of(job, events, node_rank=1, nproc=2), 60, "node rank 1's pod")
+    ranks = wait_for(lambda: len(r := node_ranks(job, events, nproc=2)) == 2 and r, 60, "the first round's roles")
+    pod, spares = pod_with(ranks, node_rank=1), waiting(ranks, pods=3)
 
 A strike at a step is armed the same way, in the run itself: :func:`hold` pauses a rank at that step (a ``pause``
 fault in the trainer's schedule) until the test or bench has struck, which :func:`held` sees in the event stream, so
@@ -66,13 +67,21 @@ def node_ranks(job: LocalJob, events: Path, nproc: int, since: float = 0.0) -> d
     return {pod.index: min(r for _, r in each) // nproc for pod in job.run.pods if (each := _of(pod, started))}
 
 
-def pod_of(job: LocalJob, events: Path, node_rank: int, nproc: int, since: float = 0.0) -> int | None:
-    """The pod whose trainers hold ``node_rank`` in the round started after ``since``; None until it is known."""
-    return next((i for i, r in node_ranks(job, events, nproc, since).items() if r == node_rank), None)
+def pod_with(ranks: dict[int, int], node_rank: int) -> int:
+    """The pod that holds ``node_rank`` in ``ranks`` (:func:`node_ranks`); ``LookupError`` naming the roles if none."""
+    pod = next((i for i, r in ranks.items() if r == node_rank), None)
+    if pod is None:
+        raise LookupError(f"no pod holds node rank {node_rank}: {describe(ranks, max(ranks, default=-1) + 1)}")
+    return pod
+
+
+def waiting(ranks: dict[int, int], pods: int) -> list[int]:
+    """The pods of ``pods`` that hold no node rank in ``ranks``: the spares waiting (or pods not started)."""
+    return [i for i in range(pods) if i not in ranks]
 
 
 def describe(ranks: dict[int, int], pods: int) -> str:
     """``"node rank 0 = pod 0, node rank 1 = pod 2; waiting: pod 1"``: the roles as one log line says them."""
     trains = ", ".join(f"node rank {r} = pod {i}" for i, r in sorted(ranks.items(), key=lambda kv: kv[1]))
-    waiting = [str(i) for i in range(pods) if i not in ranks]
-    return trains + (f"; waiting: pod {', '.join(waiting)}" if waiting else "")
+    spares = waiting(ranks, pods)
+    return trains + (f"; waiting: pod {', '.join(map(str, spares))}" if spares else "")
